@@ -1,0 +1,16 @@
+"""jaxrose environments: a registry of pure-function envs in brax's `State` convention."""
+
+from envs.brax_mjx import constructors as _brax_constructors
+from envs.core import Env, State
+from envs.pendulum import Pendulum
+from envs.point_mass import PointMass
+from envs.registry import make, names, register
+from envs.wrappers import AutoResetWrapper, EpisodeWrapper, GroupWrapper, wrap_for_training
+
+register("pendulum", Pendulum)
+register("point_mass", PointMass)
+for _name, _constructor in _brax_constructors().items():
+    register(_name, _constructor)
+
+__all__ = ["Env", "State", "make", "names", "register", "EpisodeWrapper", "AutoResetWrapper",
+           "GroupWrapper", "wrap_for_training", "Pendulum", "PointMass"]

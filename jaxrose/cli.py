@@ -1,0 +1,76 @@
+"""`jaxrose` command line: thin parsing over the library; settings come from the config dataclasses."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: jaxrose COMMAND [options]
+
+commands:
+  train [--preset NAME] [--env.num-envs N ...]   train with PPO (default preset: pendulum)
+  presets                                        list the named workloads
+  bench [options]                                benchmark against brax PPO (see jaxrose bench --help)
+
+Run `jaxrose train --help` for every setting.
+"""
+
+
+def _pop_preset(args: list[str]) -> tuple[str, list[str]]:
+    from jaxrose.presets import DEFAULT_PRESET
+
+    rest, preset = [], DEFAULT_PRESET
+    i = 0
+    while i < len(args):
+        if args[i] == "--preset" and i + 1 < len(args):
+            preset, i = args[i + 1], i + 2
+        elif args[i].startswith("--preset="):
+            preset, i = args[i].split("=", 1)[1], i + 1
+        else:
+            rest.append(args[i])
+            i += 1
+    return preset, rest
+
+
+def train_main(args: list[str]) -> None:
+    import tyro
+
+    from jaxrose.config import TrainConfig
+    from jaxrose.presets import get_preset
+    from jaxrose.train import train
+
+    preset, rest = _pop_preset(args)
+    config = tyro.cli(TrainConfig, default=get_preset(preset), args=rest, prog=f"jaxrose train --preset {preset}")
+    result = train(config)
+    print(f"final evaluation return: {result.final_return:.4g}")
+    print(f"outputs: {result.out_dir} (metrics.jsonl, learning_curve.png, checkpoints/)")
+
+
+def presets_main(args: list[str]) -> None:
+    from jaxrose.presets import PRESETS
+
+    for name, config in PRESETS.items():
+        print(f"{name:16s} env={config.env.name} num_envs={config.env.num_envs} "
+              f"steps={config.run.total_env_steps:,} policy={config.network.policy_hidden}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, args = argv[0], argv[1:]
+    if command == "train":
+        train_main(args)
+    elif command == "presets":
+        presets_main(args)
+    elif command == "bench":
+        from jaxrose.bench import main as bench_main
+
+        bench_main(args)
+    else:
+        print(f"Unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()

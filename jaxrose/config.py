@@ -1,0 +1,181 @@
+"""Frozen, validated configuration: one dataclass per concern, one definition per setting.
+
+The CLI (`jaxrose train`) is generated from these classes by tyro, so a setting is declared once.
+Every check raises `ConfigError` with a sentence that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+
+class ConfigError(ValueError):
+    """A setting is invalid or inconsistent with another; the message says which and how to fix it."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """Which task, how many copies, and how they are laid out."""
+
+    name: str = "pendulum"
+    """Registered environment name (see `envs.names()`)."""
+    num_envs: int = 256
+    """Parallel training environments (all groups together)."""
+    num_groups: int = 1
+    """Environment groups: envs are laid out as [num_groups, num_envs // num_groups]."""
+    episode_length: int = 200
+    """Steps before an episode is truncated."""
+
+    def __post_init__(self):
+        _require(self.num_envs >= 1, f"env.num_envs must be >= 1, got {self.num_envs}.")
+        _require(self.num_groups >= 1, f"env.num_groups must be >= 1, got {self.num_groups}.")
+        _require(self.num_envs % self.num_groups == 0,
+                 f"env.num_envs ({self.num_envs}) must be divisible by env.num_groups ({self.num_groups}); "
+                 f"pick num_groups among the divisors of num_envs.")
+        _require(self.episode_length >= 1, f"env.episode_length must be >= 1, got {self.episode_length}.")
+
+    @property
+    def envs_per_group(self) -> int:
+        return self.num_envs // self.num_groups
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig:
+    """Policy and value networks (brax's PPO defaults)."""
+
+    policy_hidden: tuple[int, ...] = (32, 32, 32, 32)
+    value_hidden: tuple[int, ...] = (256, 256, 256, 256, 256)
+    activation: Literal["swish", "relu", "tanh", "elu"] = "swish"
+
+    def __post_init__(self):
+        for field in ("policy_hidden", "value_hidden"):
+            sizes = getattr(self, field)
+            _require(len(sizes) >= 1 and all(s >= 1 for s in sizes),
+                     f"network.{field} must be a non-empty list of positive layer widths, got {sizes}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyper-parameters, with brax's PPO meaning for every one of them."""
+
+    learning_rate: float = 3e-4
+    entropy_cost: float = 1e-2
+    discounting: float = 0.97
+    gae_lambda: float = 0.95
+    clipping_epsilon: float = 0.3
+    unroll_length: int = 10
+    """Steps per unrolled trajectory segment; the loss sees [batch_size, unroll_length] segments."""
+    batch_size: int = 64
+    """Segments per minibatch."""
+    num_minibatches: int = 8
+    num_updates_per_batch: int = 4
+    """Epochs over the collected batch per iteration."""
+    normalize_observations: bool = True
+    reward_scaling: float = 1.0
+    normalize_advantage: bool = True
+    vf_loss_coefficient: float = 0.5
+    max_grad_norm: Optional[float] = None
+    bootstrap_on_truncation: bool = False
+    """False: truncated steps are masked out of GAE (brax's default). True: the value of the
+    observation reached at truncation is added to the last reward, so time limits are not treated
+    as failures."""
+
+    def __post_init__(self):
+        positive = ("learning_rate", "unroll_length", "batch_size", "num_minibatches", "num_updates_per_batch")
+        for field in positive:
+            _require(getattr(self, field) > 0, f"ppo.{field} must be > 0, got {getattr(self, field)}.")
+        _require(0.0 <= self.discounting <= 1.0, f"ppo.discounting must lie in [0, 1], got {self.discounting}.")
+        _require(0.0 <= self.gae_lambda <= 1.0, f"ppo.gae_lambda must lie in [0, 1], got {self.gae_lambda}.")
+        _require(self.clipping_epsilon > 0, f"ppo.clipping_epsilon must be > 0, got {self.clipping_epsilon}.")
+        _require(self.max_grad_norm is None or self.max_grad_norm > 0,
+                 f"ppo.max_grad_norm must be > 0 or unset, got {self.max_grad_norm}.")
+
+    @property
+    def segments_per_iteration(self) -> int:
+        return self.batch_size * self.num_minibatches
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Budget, evaluation schedule, seed, outputs."""
+
+    total_env_steps: int = 1_000_000
+    num_evals: int = 6
+    """Evaluations in the whole run, the first before training (brax's `num_evals`)."""
+    num_eval_envs: int = 128
+    deterministic_eval: bool = True
+    """Evaluate with the policy's mode instead of sampling."""
+    seed: int = 0
+    out_dir: str = "runs/latest"
+    """Where metrics.jsonl, TensorBoard events, checkpoints and learning_curve.png go."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many iterations (0: only at each evaluation and at the end)."""
+    keep_checkpoints: int = 3
+    resume: Optional[str] = None
+    """Resume from the latest checkpoint in this run folder."""
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+    def __post_init__(self):
+        _require(self.total_env_steps > 0, f"run.total_env_steps must be > 0, got {self.total_env_steps}.")
+        _require(self.num_evals >= 1, f"run.num_evals must be >= 1, got {self.num_evals}.")
+        _require(self.num_eval_envs >= 1, f"run.num_eval_envs must be >= 1, got {self.num_eval_envs}.")
+        _require(self.checkpoint_every >= 0, f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}.")
+        _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs."""
+
+    env: EnvConfig = EnvConfig()
+    network: NetworkConfig = NetworkConfig()
+    ppo: PPOConfig = PPOConfig()
+    run: RunConfig = RunConfig()
+
+    def __post_init__(self):
+        segments, num_envs = self.ppo.segments_per_iteration, self.env.num_envs
+        _require(segments % num_envs == 0,
+                 f"ppo.batch_size * ppo.num_minibatches ({self.ppo.batch_size} * {self.ppo.num_minibatches} "
+                 f"= {segments}) must be a multiple of env.num_envs ({num_envs}): every env contributes the "
+                 f"same number of unrolls per iteration. Change ppo.batch_size or env.num_envs.")
+
+    @property
+    def unrolls_per_iteration(self) -> int:
+        """Sequential unroll segments each env runs per iteration (brax's inner scan length)."""
+        return self.ppo.segments_per_iteration // self.env.num_envs
+
+    @property
+    def env_steps_per_iteration(self) -> int:
+        return self.ppo.segments_per_iteration * self.ppo.unroll_length
+
+    @property
+    def iterations_per_eval(self) -> int:
+        """brax's `num_training_steps_per_epoch`: iterations between two evaluations."""
+        evals_after_init = max(self.run.num_evals - 1, 1)
+        return -(-self.run.total_env_steps // (evals_after_init * self.env_steps_per_iteration))
+
+    @property
+    def num_iterations(self) -> int:
+        return self.iterations_per_eval * max(self.run.num_evals - 1, 1)
+
+
+def replace(config, **changes):
+    """`dataclasses.replace` that also accepts dotted paths: replace(cfg, **{"env.num_envs": 8})."""
+    nested: dict[str, dict] = {}
+    flat = {}
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            flat[key] = value
+    for head, sub in nested.items():
+        flat[head] = replace(getattr(config, head), **sub)
+    return dataclasses.replace(config, **flat)

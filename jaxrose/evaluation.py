@@ -1,0 +1,44 @@
+"""Evaluation episodes: a fixed number of envs each run one full episode, no auto-reset.
+
+Deterministic for a given key; by default the policy acts with its mode (`run.deterministic_eval`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from envs.core import Env
+from envs.wrappers import EpisodeWrapper, GroupWrapper
+from jaxrose.networks import ActorCritic
+
+
+def make_evaluate(env: Env, net: ActorCritic, num_envs: int, episode_length: int, deterministic: bool):
+    """Returns a jitted evaluate(params, normalizer, key) -> metrics dict of scalars."""
+    eval_env = GroupWrapper(EpisodeWrapper(env, episode_length), 1, num_envs)
+
+    def evaluate(params, normalizer, key):
+        reset_key, act_key = jax.random.split(key)
+        state = eval_env.reset(reset_key)
+
+        def step(carry, _):
+            state, active, total, length, key = carry
+            key, sample_key = jax.random.split(key)
+            if deterministic:
+                action = net.act_deterministic(params, normalizer, state.obs)
+            else:
+                action, _ = net.act(params, normalizer, state.obs, sample_key)
+            state = eval_env.step(state, action)
+            total = total + state.reward * active
+            length = length + active
+            active = active * (1.0 - state.done)
+            return (state, active, total, length, key), None
+
+        ones = jnp.ones(eval_env.batch_shape)
+        zeros = jnp.zeros(eval_env.batch_shape)
+        (_, _, total, length, _), _ = jax.lax.scan(step, (state, ones, zeros, zeros, act_key), None,
+                                                   length=episode_length)
+        return {"episode_return": jnp.mean(total), "episode_return_std": jnp.std(total),
+                "episode_length": jnp.mean(length)}
+
+    return jax.jit(evaluate)

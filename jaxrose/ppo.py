@@ -1,0 +1,159 @@
+"""PPO as a pure learner: `init(key) -> LearnerState`, `update(LearnerState, Batch) -> (LearnerState, metrics)`.
+
+Semantics are brax's PPO (`brax.training.agents.ppo`): observation statistics are updated with the
+whole batch before the epochs; each epoch shuffles the segments and splits them into minibatches;
+GAE is recomputed inside the loss for every minibatch with the current value network; advantages
+are normalised per minibatch; the policy loss is the clipped surrogate, the value loss 0.5·vf·MSE
+to the GAE targets, the entropy bonus brax's one-sample estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jaxrose import distribution, normalization
+from jaxrose.config import PPOConfig
+from jaxrose.networks import ActorCritic, Params
+
+
+@struct.dataclass
+class Batch:
+    """Trajectory segments, leading axes [segments, unroll_length]."""
+
+    obs: jax.Array
+    raw_action: jax.Array
+    log_prob: jax.Array
+    reward: jax.Array
+    discount: jax.Array  # 1 - done
+    truncation: jax.Array
+    last_obs: jax.Array  # [segments, obs]: the observation after the segment's last step
+    final_obs: Optional[jax.Array] = None  # obs reached before an auto-reset; only to bootstrap truncation
+
+
+@struct.dataclass
+class LearnerState:
+    params: Params
+    opt_state: Any
+    normalizer: normalization.RunningStats
+    key: jax.Array
+
+
+class Learner(NamedTuple):
+    init: Callable[[jax.Array], LearnerState]
+    update: Callable[[LearnerState, Batch], tuple[LearnerState, dict]]
+
+
+def compute_gae(truncation, termination, rewards, values, bootstrap_value, lambda_: float, discount: float):
+    """GAE over time-major [T, B] arrays, as brax computes it: returns (value targets, advantages).
+
+    Truncated steps are masked out of the deltas and cut the recursion, so a time limit neither
+    bootstraps through the reset nor counts as a failure.
+    """
+    truncation_mask = 1.0 - truncation
+    values_next = jnp.concatenate([values[1:], bootstrap_value[None]], axis=0)
+    deltas = (rewards + discount * (1.0 - termination) * values_next - values) * truncation_mask
+
+    def backward(acc, xs):
+        mask, delta, term = xs
+        acc = delta + discount * (1.0 - term) * mask * lambda_ * acc
+        return acc, acc
+
+    _, vs_minus_v = jax.lax.scan(backward, jnp.zeros_like(bootstrap_value),
+                                 (truncation_mask, deltas, termination), reverse=True)
+    vs = vs_minus_v + values
+    vs_next = jnp.concatenate([vs[1:], bootstrap_value[None]], axis=0)
+    advantages = (rewards + discount * (1.0 - termination) * vs_next - values) * truncation_mask
+    return jax.lax.stop_gradient(vs), jax.lax.stop_gradient(advantages)
+
+
+def ppo_loss(params: Params, normalizer, batch: Batch, key: jax.Array, net: ActorCritic, config: PPOConfig):
+    """The PPO loss of one minibatch (leading axes [B, T]); returns (loss, metrics)."""
+    logits = net.policy_logits(params, normalizer, batch.obs)
+    values = net.value(params, normalizer, batch.obs)
+    bootstrap_value = net.value(params, normalizer, batch.last_obs)
+
+    rewards = batch.reward * config.reward_scaling
+    truncation = batch.truncation
+    termination = (1.0 - batch.discount) * (1.0 - truncation)
+    if config.bootstrap_on_truncation:
+        # Close a truncated episode with the value of the state it reached: the env continues.
+        final_values = jax.lax.stop_gradient(net.value(params, normalizer, batch.final_obs))
+        rewards = rewards + config.discounting * truncation * final_values
+        termination = 1.0 - batch.discount
+        truncation = jnp.zeros_like(truncation)
+
+    vs, advantages = compute_gae(truncation.T, termination.T, rewards.T, values.T, bootstrap_value,
+                                 config.gae_lambda, config.discounting)
+    vs, advantages = vs.T, advantages.T
+    if config.normalize_advantage:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    new_log_prob = distribution.log_prob(logits, batch.raw_action)
+    ratio = jnp.exp(new_log_prob - batch.log_prob)
+    clipped = jnp.clip(ratio, 1.0 - config.clipping_epsilon, 1.0 + config.clipping_epsilon)
+    policy_loss = -jnp.mean(jnp.minimum(ratio * advantages, clipped * advantages))
+    value_loss = 0.5 * config.vf_loss_coefficient * jnp.mean(jnp.square(vs - values))
+    entropy = jnp.mean(distribution.entropy(logits, key))
+    entropy_loss = -config.entropy_cost * entropy
+    total = policy_loss + value_loss + entropy_loss
+    metrics = {
+        "total_loss": total,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy_loss": entropy_loss,
+        "approx_kl": jnp.mean(batch.log_prob - new_log_prob),
+        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > config.clipping_epsilon).astype(jnp.float32)),
+    }
+    return total, metrics
+
+
+def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+    adam = optax.adam(config.learning_rate)
+    if config.max_grad_norm is None:
+        return adam
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adam)
+
+
+def make_learner(net: ActorCritic, observation_size: int, config: PPOConfig) -> Learner:
+    optimizer = make_optimizer(config)
+    grad_fn = jax.grad(ppo_loss, has_aux=True)
+
+    def init(key: jax.Array) -> LearnerState:
+        params_key, learner_key = jax.random.split(key)
+        params = net.init(params_key)
+        return LearnerState(params, optimizer.init(params), normalization.init(observation_size), learner_key)
+
+    def minibatch_step(carry, minibatch, normalizer):
+        params, opt_state, key = carry
+        key, loss_key = jax.random.split(key)
+        grads, metrics = grad_fn(params, normalizer, minibatch, loss_key, net, config)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state, key), metrics
+
+    def epoch(carry, _, batch, normalizer):
+        params, opt_state, key = carry
+        key, perm_key, grad_key = jax.random.split(key, 3)
+        perm = jax.random.permutation(perm_key, batch.obs.shape[0])
+        shuffled = jax.tree.map(
+            lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
+        (params, opt_state, _), metrics = jax.lax.scan(
+            lambda c, mb: minibatch_step(c, mb, normalizer), (params, opt_state, grad_key), shuffled)
+        return (params, opt_state, key), metrics
+
+    def update(state: LearnerState, batch: Batch) -> tuple[LearnerState, dict]:
+        normalizer = state.normalizer
+        if config.normalize_observations:
+            normalizer = normalization.update(normalizer, batch.obs)
+        key, epoch_key = jax.random.split(state.key)
+        (params, opt_state, _), metrics = jax.lax.scan(
+            lambda c, x: epoch(c, x, batch, normalizer), (state.params, state.opt_state, epoch_key),
+            None, length=config.num_updates_per_batch)
+        metrics = jax.tree.map(jnp.mean, metrics)
+        return LearnerState(params, opt_state, normalizer, key), metrics
+
+    return Learner(init, update)

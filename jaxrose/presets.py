@@ -1,0 +1,52 @@
+"""Named workloads: env, network, PPO and run settings in one place.
+
+`ant-mlp` and `humanoid-mlp` are brax's published PPO settings for those tasks; the small presets
+train on a CPU in about a minute.
+"""
+
+from __future__ import annotations
+
+from jaxrose.config import ConfigError, EnvConfig, NetworkConfig, PPOConfig, RunConfig, TrainConfig
+
+PRESETS: dict[str, TrainConfig] = {
+    "point-mass": TrainConfig(
+        env=EnvConfig(name="point_mass", num_envs=256, episode_length=200),
+        network=NetworkConfig(policy_hidden=(32, 32), value_hidden=(64, 64)),
+        ppo=PPOConfig(unroll_length=10, batch_size=64, num_minibatches=8, num_updates_per_batch=4,
+                      learning_rate=1e-3, entropy_cost=1e-3, discounting=0.97),
+        run=RunConfig(total_env_steps=600_000, num_evals=11, num_eval_envs=64, out_dir="runs/point-mass"),
+    ),
+    "pendulum": TrainConfig(
+        env=EnvConfig(name="pendulum", num_envs=512, episode_length=200),
+        network=NetworkConfig(policy_hidden=(64, 64), value_hidden=(64, 64)),
+        ppo=PPOConfig(unroll_length=20, batch_size=128, num_minibatches=8, num_updates_per_batch=4,
+                      learning_rate=1e-3, entropy_cost=1e-3, discounting=0.97, reward_scaling=0.1,
+                      bootstrap_on_truncation=True),
+        run=RunConfig(total_env_steps=3_000_000, num_evals=11, num_eval_envs=64, out_dir="runs/pendulum"),
+    ),
+    "ant-mlp": TrainConfig(
+        env=EnvConfig(name="ant", num_envs=4096, episode_length=1000),
+        network=NetworkConfig(),
+        ppo=PPOConfig(unroll_length=5, batch_size=2048, num_minibatches=32, num_updates_per_batch=4,
+                      learning_rate=3e-4, entropy_cost=1e-2, discounting=0.97, reward_scaling=10.0),
+        run=RunConfig(total_env_steps=50_000_000, num_evals=11, num_eval_envs=128, seed=1,
+                      deterministic_eval=False, out_dir="runs/ant-mlp"),
+    ),
+    "humanoid-mlp": TrainConfig(
+        env=EnvConfig(name="humanoid", num_envs=2048, episode_length=1000),
+        network=NetworkConfig(),
+        ppo=PPOConfig(unroll_length=10, batch_size=1024, num_minibatches=32, num_updates_per_batch=8,
+                      learning_rate=3e-4, entropy_cost=1e-3, discounting=0.97, reward_scaling=0.1),
+        run=RunConfig(total_env_steps=50_000_000, num_evals=11, num_eval_envs=128, seed=1,
+                      deterministic_eval=False, out_dir="runs/humanoid-mlp"),
+    ),
+}
+
+DEFAULT_PRESET = "pendulum"
+
+
+def get_preset(name: str) -> TrainConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"Unknown preset {name!r}. Known presets: {', '.join(sorted(PRESETS))}.") from None
