@@ -40,7 +40,7 @@ class Pendulum(Env):
         physics = jnp.stack([theta + theta_dot * self.dt, theta_dot])
         upright = (jnp.cos(physics[0]) > 0.95).astype(jnp.float32)
         return state.replace(
-            pipeline_state=physics, obs=self._obs(physics), reward=reward, metrics={"upright": upright}
+            pipeline_state=physics, obs=self._obs(physics), reward=reward, metrics={**state.metrics, "upright": upright}
         )
 
     @staticmethod

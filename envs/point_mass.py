@@ -45,7 +45,7 @@ class PointMass(Env):
             obs=self._obs(physics),
             reward=reward,
             done=left_arena.astype(jnp.float32),
-            metrics={"distance": distance},
+            metrics={**state.metrics, "distance": distance},
         )
 
     @staticmethod

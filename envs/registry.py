@@ -6,6 +6,10 @@ from typing import Any, Callable
 
 from envs.core import Env
 
+class UnknownEnvironmentError(ValueError):
+    """No environment is registered under the requested name."""
+
+
 _REGISTRY: dict[str, Callable[..., Env]] = {}
 
 
@@ -23,5 +27,5 @@ def make(name: str, **kwargs: Any) -> Env:
     try:
         constructor = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"Unknown environment {name!r}. Known environments: {', '.join(names())}.") from None
+        raise UnknownEnvironmentError(f"Unknown environment {name!r}. Known environments: {', '.join(names())}.") from None
     return constructor(**kwargs)

@@ -59,6 +59,22 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     command, args = argv[0], argv[1:]
+    try:
+        _dispatch(command, args)
+    except _user_errors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    from envs.registry import UnknownEnvironmentError
+    from jaxrose.checkpoint import CheckpointError
+    from jaxrose.config import ConfigError
+
+    return (ConfigError, CheckpointError, UnknownEnvironmentError)
+
+
+def _dispatch(command: str, args: list[str]) -> None:
     if command == "train":
         train_main(args)
     elif command == "presets":

@@ -1,0 +1,683 @@
+"""`jaxrose bench`: brax PPO, the simulation-only ceiling and jaxrose, measured in one run.
+
+Every system gets the same env, hyper-parameters, env-step budget and evaluation schedule (the
+preset's, with optional overrides), as DESIGN.md's benchmark protocol asks. Steady state is what
+follows the first training epoch (the epoch that compiles): the steady window of a system runs
+from the end of its second evaluation to the end of its last one, so it holds evaluations too.
+
+Reported per system: median steady steps/s over epochs or iterations, steady steps/s including
+evaluations (steady env steps / steady wall time), compile time, evaluation time, final return,
+and SM activity/occupancy over the steady window (NVML GPM; None without a GPU). Reported as
+limits: the rollout ceiling (simulation alone, zero actions, same env count) and the synchronous
+limit (that rollout time plus the learner update timed alone, per iteration). Every ratio is the
+quotient of two values measured in this run and names both.
+
+Outputs in --out: results.json (all raw numbers), results.md (tables), results.png (charts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import functools
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+SYSTEMS = ("brax", "sim", "sequential")
+SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential"}
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+def _setting(default, help: str, parse: Callable = str):
+    return dataclasses.field(default=default, metadata={"help": help, "parse": parse})
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What to benchmark; the command-line flags are generated from these fields."""
+
+    preset: str = _setting("ant-mlp", "named workload from jaxrose.presets")
+    total_env_steps: Optional[int] = _setting(None, "override the preset's env-step budget", int)
+    num_evals: Optional[int] = _setting(None, "override the preset's number of evaluations (>= 3)", int)
+    num_eval_envs: Optional[int] = _setting(None, "override the preset's evaluation env count", int)
+    systems: tuple[str, ...] = _setting(SYSTEMS, "comma list from: " + ",".join(SYSTEMS), _comma_list)
+    repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
+    out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")
+    record: Optional[str] = _setting(None, "markdown file to append a results section to, e.g. BENCHMARKS.md")
+
+    def __post_init__(self):
+        from jaxrose.config import ConfigError
+
+        unknown = sorted(set(self.systems) - set(SYSTEMS))
+        if unknown or not self.systems:
+            raise ConfigError(f"--systems must be a non-empty comma list from {','.join(SYSTEMS)}; "
+                              f"got {','.join(self.systems) or 'nothing'} (unknown: {','.join(unknown)}).")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1, got {self.repeats}.")
+        if self.num_evals is not None and self.num_evals < 3:
+            raise ConfigError(f"--num-evals must be >= 3 (the initial evaluation, the compile epoch and at "
+                              f"least one steady epoch), got {self.num_evals}; raise it.")
+
+    @property
+    def out_dir(self) -> str:
+        return self.out or os.path.join("bench_results", self.preset)
+
+
+def parse_args(args: list[str]) -> BenchConfig:
+    parser = argparse.ArgumentParser(prog="jaxrose bench", description=__doc__.split("\n\n")[0])
+    for field in dataclasses.fields(BenchConfig):
+        default = field.default if not isinstance(field.default, tuple) else ",".join(field.default)
+        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=field.metadata["parse"],
+                            default=field.default, help=f"{field.metadata['help']} (default: {default})")
+    return BenchConfig(**vars(parser.parse_args(args)))
+
+
+def train_config(bench: BenchConfig):
+    """The preset with the bench's overrides; jaxrose's own outputs and progress bar are off."""
+    from jaxrose.config import ConfigError, replace
+    from jaxrose.presets import get_preset
+
+    config = get_preset(bench.preset)
+    overrides = {"run.progress_bar": False, "run.tensorboard": False}
+    for name in ("total_env_steps", "num_evals", "num_eval_envs"):
+        if getattr(bench, name) is not None:
+            overrides[f"run.{name}"] = getattr(bench, name)
+    config = replace(config, **overrides)
+    if config.run.num_evals < 3:
+        raise ConfigError(f"Preset {bench.preset!r} has run.num_evals={config.run.num_evals}; the bench needs >= 3 "
+                          f"to have a steady window. Pass --num-evals 3 or more.")
+    return config
+
+
+# -- brax PPO -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def brax_jax_compat():
+    """Supplies `jax.device_put_replicated` (removed in JAX 0.10, still called by brax 0.14.2) while brax runs."""
+    import jax
+
+    if hasattr(jax, "device_put_replicated"):
+        yield
+        return
+    jax.device_put_replicated = _device_put_replicated
+    try:
+        yield
+    finally:
+        del jax.device_put_replicated
+
+
+def _device_put_replicated(tree, devices):
+    """One copy per device, stacked on a new leading axis that is sharded over `devices`, as pmap expects."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from brax.training.agents.ppo import train as brax_ppo
+
+    # The mesh axis must carry pmap's axis name: arrays placed here then have the same sharding as
+    # pmap's outputs, and brax's epoch function is compiled once instead of twice.
+    axis = getattr(brax_ppo, "_PMAP_AXIS_NAME", "i")
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), (axis,)),
+                                          jax.sharding.PartitionSpec(axis))
+    count = len(devices)
+    return jax.tree.map(lambda x: jax.device_put(jnp.broadcast_to(jnp.asarray(x)[None], (count,) + jnp.shape(x)),
+                                                 sharding), tree)
+
+
+def make_brax_env(name: str):
+    """The env brax trains on: the registry's env, adapted when it is one of jaxrose's own."""
+    import envs
+    from brax.envs.base import Env as BraxEnv
+
+    env = envs.make(name)
+    return env if isinstance(env, BraxEnv) else _keep_metric_keys(env)
+
+
+def _keep_metric_keys(env):
+    """Wraps a jaxrose env so that `step` keeps the metric keys outer wrappers added.
+
+    brax's wrappers add keys to `state.metrics` in place (its EvalWrapper adds 'reward') and brax's
+    own envs update that dict; jaxrose's tiny envs return a new metrics dict, which drops those keys
+    and breaks the pytree structure of brax's scans. Merging the dicts restores brax's behaviour.
+    """
+    from brax.envs.base import Wrapper
+
+    class KeepMetricKeys(Wrapper):
+        def step(self, state, action):
+            next_state = self.env.step(state, action)
+            return next_state.replace(metrics={**state.metrics, **next_state.metrics})
+
+    return KeepMetricKeys(env)
+
+
+def brax_kwargs(config) -> tuple[dict, list[str]]:
+    """brax `ppo.train` keyword arguments for a TrainConfig, and notes where the mapping is inexact."""
+    from brax.training.agents.ppo import networks as ppo_networks
+
+    from jaxrose.networks import ACTIVATIONS
+
+    env, net, ppo, run = config.env, config.network, config.ppo, config.run
+    notes = []
+    if ppo.bootstrap_on_truncation:
+        notes.append("ppo.bootstrap_on_truncation=True has no exact brax equivalent (brax's bootstrap_on_timeout "
+                     "needs info['time_out'] from the env and bootstraps with the value of the pre-reset state); "
+                     "brax ran without bootstrapping.")
+    if env.num_groups != 1:
+        notes.append(f"env.num_groups={env.num_groups} has no brax equivalent; brax ran one group of "
+                     f"{env.num_envs} envs.")
+    network_factory = functools.partial(ppo_networks.make_ppo_networks,
+                                        policy_hidden_layer_sizes=tuple(net.policy_hidden),
+                                        value_hidden_layer_sizes=tuple(net.value_hidden),
+                                        activation=ACTIVATIONS[net.activation])
+    kwargs = dict(
+        num_timesteps=run.total_env_steps, num_evals=run.num_evals, episode_length=env.episode_length,
+        num_envs=env.num_envs, batch_size=ppo.batch_size, num_minibatches=ppo.num_minibatches,
+        unroll_length=ppo.unroll_length, num_updates_per_batch=ppo.num_updates_per_batch,
+        discounting=ppo.discounting, learning_rate=ppo.learning_rate, entropy_cost=ppo.entropy_cost,
+        reward_scaling=ppo.reward_scaling, normalize_observations=ppo.normalize_observations,
+        gae_lambda=ppo.gae_lambda, clipping_epsilon=ppo.clipping_epsilon, max_grad_norm=ppo.max_grad_norm,
+        normalize_advantage=ppo.normalize_advantage, vf_loss_coefficient=ppo.vf_loss_coefficient,
+        seed=run.seed, num_eval_envs=run.num_eval_envs, deterministic_eval=run.deterministic_eval,
+        network_factory=network_factory,
+        # One GPU, like jaxrose: brax would otherwise pmap over every local device.
+        max_devices_per_host=1,
+    )
+    return kwargs, notes
+
+
+def run_brax(config, sampler) -> dict:
+    """brax PPO on the preset; throughput from its per-epoch `training/sps` and its progress calls."""
+    from brax.training.agents.ppo import train as brax_ppo
+
+    calls: list[tuple[float, int, dict]] = []  # (host time, env steps, metrics) per progress_fn call
+
+    def progress(step, metrics):
+        t = sampler.mark(f"brax/progress_{len(calls)}")
+        calls.append((t, int(step), {k: float(v) for k, v in metrics.items()}))
+
+    kwargs, notes = brax_kwargs(config)
+    env = make_brax_env(config.env.name)
+    start = time.perf_counter()
+    with brax_jax_compat():
+        brax_ppo.train(env, progress_fn=progress, **kwargs)
+    total = time.perf_counter() - start
+
+    # calls[0]: the evaluation before training; calls[k >= 1]: epoch k then its evaluation.
+    epoch_sps = [m["training/sps"] for _, _, m in calls[1:]]
+    steps_per_epoch = calls[1][1] - calls[0][1]
+    epoch_seconds = [steps_per_epoch / sps for sps in epoch_sps]
+    result = _steady_summary(epoch_sps, epoch_seconds, calls[1], calls[-1], sampler)
+    result.update(
+        status="ok", notes=notes, total_wall_seconds=total, steps_per_epoch=steps_per_epoch,
+        epoch_sps=epoch_sps, epoch_seconds=epoch_seconds, first_epoch_seconds=epoch_seconds[0],
+        # Compilation happens inside brax's first epoch: its time beyond a steady epoch's.
+        compile_seconds=epoch_seconds[0] - statistics.median(epoch_seconds[1:]),
+        eval_seconds=[m["eval/epoch_eval_time"] for _, _, m in calls],
+        eval_returns=[m["eval/episode_reward"] for _, _, m in calls],
+        eval_env_steps=[step for _, step, _ in calls],
+        final_return=calls[-1][2]["eval/episode_reward"],
+    )
+    return result
+
+
+def _steady_summary(unit_sps, unit_seconds, first_call, last_call, sampler) -> dict:
+    """Steady numbers shared by brax and jaxrose: units (epochs, iterations) after the compile epoch."""
+    (t0, steps0, _), (t1, steps1, _) = first_call, last_call
+    wall = t1 - t0
+    return {
+        "steady_sps": statistics.median(unit_sps[1:]) if len(unit_sps) > 1 else float("nan"),
+        "steady_env_steps": steps1 - steps0,
+        "steady_wall_seconds": wall,
+        "steady_sps_with_evals": (steps1 - steps0) / wall if wall > 0 else float("nan"),
+        "window": [t0, t1],
+        "sm": sampler.mean(t0, t1),
+    }
+
+
+# -- simulation-only ceiling ----------------------------------------------------------------------
+
+
+def run_sim_ceiling(config, repeats: int, sampler) -> dict:
+    """Steps the training-wrapped env with zero actions for one iteration's worth of steps per call."""
+    import jax
+    import jax.numpy as jnp
+
+    import envs
+    from envs.wrappers import wrap_for_training
+
+    env = envs.make(config.env.name)
+    train_env = wrap_for_training(env, config.env.episode_length, 1, config.env.num_envs)
+    steps = config.unrolls_per_iteration * config.ppo.unroll_length
+
+    def rollout(state):
+        action = jnp.zeros(train_env.batch_shape + (env.action_size,))
+        return jax.lax.scan(lambda s, _: (train_env.step(s, action), None), state, None, length=steps)[0]
+
+    state = jax.block_until_ready(jax.jit(train_env.reset)(jax.random.PRNGKey(config.run.seed)))
+    start = time.perf_counter()
+    compiled = jax.jit(rollout, donate_argnums=0).lower(state).compile()
+    compile_seconds = time.perf_counter() - start
+    state = jax.block_until_ready(compiled(state))  # warm-up: first-run allocations stay out of the timing
+
+    t0 = sampler.mark("sim/steady_start")
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state = jax.block_until_ready(compiled(state))
+        seconds.append(time.perf_counter() - start)
+    t1 = sampler.mark("sim/steady_end")
+    env_steps = config.env_steps_per_iteration
+    sps = [env_steps / s for s in seconds]
+    return {"status": "ok", "env_steps_per_call": env_steps, "steps_per_call": steps, "call_seconds": seconds,
+            "call_sps": sps, "steady_sps": statistics.median(sps), "median_call_seconds": statistics.median(seconds),
+            "compile_seconds": compile_seconds, "window": [t0, t1], "sm": sampler.mean(t0, t1)}
+
+
+# -- jaxrose sequential ---------------------------------------------------------------------------
+
+
+def steady_skip(config) -> int:
+    """Iterations left out of the steady median: the first evaluation period, and at least 2."""
+    return min(max(config.iterations_per_eval, 2), config.num_iterations - 1)
+
+
+def run_sequential(config, sampler) -> tuple[dict, Any]:
+    """jaxrose's sequential executor through `train`; returns the summary and the TrainResult."""
+    from jaxrose.train import train
+
+    eval_times: list[float] = []
+
+    def on_metrics(step, metrics):
+        if "eval/episode_return" in metrics:
+            eval_times.append(sampler.mark(f"sequential/eval_{len(eval_times)}"))
+
+    start = time.perf_counter()
+    result = train(config, callbacks=[on_metrics], write_outputs=False)
+    total = time.perf_counter() - start
+
+    steps = config.env_steps_per_iteration
+    iteration_sps = [steps / s for s in result.iteration_seconds]
+    skip = steady_skip(config)
+    evals = result.evaluations
+    calls = [(t, e["env_steps"], e) for t, e in zip(eval_times, evals)]
+    summary = _steady_summary(iteration_sps[skip - 1:], None, calls[1], calls[-1], sampler)
+    summary.update(
+        status="ok", total_wall_seconds=total, steady_skip_iterations=skip,
+        iteration_seconds=list(result.iteration_seconds), iteration_sps=iteration_sps,
+        compile_seconds=result.compile_seconds,
+        eval_seconds=[e["eval/walltime"] for e in evals], eval_returns=[e["eval/episode_return"] for e in evals],
+        eval_env_steps=[e["env_steps"] for e in evals], final_return=result.final_return,
+    )
+    return summary, result
+
+
+# -- the synchronous limit ------------------------------------------------------------------------
+
+
+def time_learner_update(config, repeats: int, executor=None, state=None) -> dict:
+    """Median seconds of one jitted learner update (all epochs and minibatches) on a collected batch."""
+    import jax
+
+    from jaxrose.sequential import SequentialExecutor
+
+    executor = executor or SequentialExecutor(config)
+    state = state if state is not None else executor.init(jax.random.PRNGKey(config.run.seed))
+    learner = state.learner
+    _, batch, _ = jax.jit(executor.collect)(learner.params, learner.normalizer, state.env_state,
+                                            jax.random.PRNGKey(config.run.seed + 1))
+    update = jax.jit(executor.learner.update).lower(learner, batch).compile()
+    jax.block_until_ready(update(learner, batch))  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(update(learner, batch))
+        seconds.append(time.perf_counter() - start)
+    return {"update_seconds": seconds, "median_update_seconds": statistics.median(seconds)}
+
+
+def compute_limits(config, sim: Optional[dict], update: Optional[dict]) -> dict:
+    """DESIGN.md's two limits, from the measured rollout and learner-update times."""
+    if not sim or sim.get("status") != "ok" or not update:
+        return {}
+    rollout_seconds = sim["median_call_seconds"]
+    train_seconds = update["median_update_seconds"]
+    return {
+        "env_steps_per_iteration": config.env_steps_per_iteration,
+        "rollout_ceiling_sps": sim["steady_sps"],
+        "rollout_seconds_at_ceiling": rollout_seconds,
+        "training_seconds_alone": train_seconds,
+        "training_update_seconds": update["update_seconds"],
+        "synchronous_limit_sps": config.env_steps_per_iteration / (rollout_seconds + train_seconds),
+    }
+
+
+# -- ratios ---------------------------------------------------------------------------------------
+
+RATIOS = (
+    ("jaxrose sequential / brax (steady)", "systems.sequential.steady_sps", "systems.brax.steady_sps"),
+    ("jaxrose sequential / brax (incl. evals)", "systems.sequential.steady_sps_with_evals",
+     "systems.brax.steady_sps_with_evals"),
+    ("jaxrose sequential / rollout ceiling", "systems.sequential.steady_sps", "limits.rollout_ceiling_sps"),
+    ("jaxrose sequential / synchronous limit", "systems.sequential.steady_sps", "limits.synchronous_limit_sps"),
+    ("brax / rollout ceiling", "systems.brax.steady_sps", "limits.rollout_ceiling_sps"),
+    ("brax / synchronous limit", "systems.brax.steady_sps", "limits.synchronous_limit_sps"),
+)
+
+
+def lookup(results: dict, path: str):
+    """The value at a dotted path of the results, or None where any part is missing."""
+    node = results
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def compute_ratios(results: dict) -> list[dict]:
+    """Every ratio whose two measured values exist in `results`, with the paths it was computed from."""
+    ratios = []
+    for name, numerator, denominator in RATIOS:
+        a, b = lookup(results, numerator), lookup(results, denominator)
+        if _finite(a) and _finite(b) and b > 0:
+            ratios.append({"name": name, "numerator": numerator, "denominator": denominator, "value": a / b})
+    return ratios
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# -- run everything -------------------------------------------------------------------------------
+
+
+def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
+    """Runs the selected systems and writes results.json, results.md and results.png; returns the results."""
+    import jax
+
+    from jaxrose.profiler import GpuActivitySampler
+
+    config = train_config(bench)
+    systems: dict[str, dict] = {}
+    update = None
+    with GpuActivitySampler() as sampler:
+        origin = sampler.mark("bench/start")
+        for name in bench.systems:
+            _log(f"{SYSTEM_LABELS[name]}: {config.env.name}, {config.run.total_env_steps:,} env steps, "
+                 f"{config.run.num_evals} evaluations")
+            try:
+                if name == "brax":
+                    systems[name] = run_brax(config, sampler)
+                elif name == "sim":
+                    systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
+                else:
+                    systems[name], train_result = run_sequential(config, sampler)
+                    update = time_learner_update(config, bench.repeats, train_result.executor, train_result.state)
+            except Exception as e:  # one failed system must not lose the others' measurements
+                traceback.print_exc()
+                systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+            _log(f"{SYSTEM_LABELS[name]}: {_one_line(systems[name])}")
+        if "sim" in systems and update is None and systems["sim"]["status"] == "ok":
+            update = time_learner_update(config, bench.repeats)
+        sampler.mark("bench/end")
+
+    results = {
+        "meta": _meta(bench, command, sampler),
+        "bench": {**dataclasses.asdict(bench), "out_dir": bench.out_dir},
+        "config": dataclasses.asdict(config),
+        "schedule": {"env_steps_per_iteration": config.env_steps_per_iteration,
+                     "iterations_per_eval": config.iterations_per_eval, "num_iterations": config.num_iterations,
+                     "steady_skip_iterations": steady_skip(config)},
+        "systems": systems,
+        "limits": compute_limits(config, systems.get("sim"), update),
+    }
+    results["ratios"] = compute_ratios(results)
+    results["gpu_activity"] = {
+        "samples": [[s.t - origin, s.sm_activity_pct, s.sm_occupancy_pct] for s in sampler.samples()],
+        "marks": {label: t - origin for label, t in sampler.marks().items()},
+    }
+    for summary in systems.values():
+        if "window" in summary:
+            summary["window"] = [t - origin for t in summary["window"]]
+    write_outputs(results, bench)
+    return results
+
+
+def _meta(bench: BenchConfig, command: Optional[str], sampler) -> dict:
+    import brax
+    import jax
+
+    import jaxrose
+
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command or "jaxrose bench " + _bench_args(bench),
+        "preset": bench.preset,
+        "device_kind": jax.devices()[0].device_kind,
+        "platform": jax.devices()[0].platform,
+        "jax_version": jax.__version__,
+        "brax_version": brax.__version__,
+        "jaxrose_version": jaxrose.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        **_git_state(),
+        "sm_sampling": {"available": sampler.available, "reason": sampler.reason, "interval_s": sampler.interval_s},
+    }
+
+
+def _bench_args(bench: BenchConfig) -> str:
+    parts = []
+    for field in dataclasses.fields(bench):
+        value = getattr(bench, field.name)
+        if value is not None:
+            parts += ["--" + field.name.replace("_", "-"), ",".join(value) if isinstance(value, tuple) else str(value)]
+    return shlex.join(parts)
+
+
+def _git_state() -> dict:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                                    capture_output=True, text=True, check=True).stdout.strip())
+        return {"git_commit": commit, "git_dirty": dirty}
+    except (OSError, subprocess.CalledProcessError):
+        return {"git_commit": None, "git_dirty": None}
+
+
+def _one_line(summary: dict) -> str:
+    if summary.get("status") != "ok":
+        return f"failed ({summary.get('reason')})"
+    text = f"steady {summary['steady_sps']:,.0f} steps/s"
+    if "steady_sps_with_evals" in summary:
+        text += f", {summary['steady_sps_with_evals']:,.0f} incl. evals, final return {summary['final_return']:.4g}"
+    return text
+
+
+def _log(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+# -- outputs --------------------------------------------------------------------------------------
+
+
+def write_outputs(results: dict, bench: BenchConfig) -> None:
+    os.makedirs(bench.out_dir, exist_ok=True)
+    with open(os.path.join(bench.out_dir, "results.json"), "w") as f:
+        json.dump(_jsonable(results), f, indent=2, allow_nan=False)
+    markdown = render_markdown(results)
+    with open(os.path.join(bench.out_dir, "results.md"), "w") as f:
+        f.write(markdown)
+    plot_results(results, os.path.join(bench.out_dir, "results.png"))
+    if bench.record:
+        append_record(bench.record, markdown)
+    _log(f"results: {os.path.abspath(bench.out_dir)} (results.json, results.md, results.png)")
+
+
+def _jsonable(value):
+    """JSON without NaN or infinity: non-finite floats become null."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _fmt(value, spec: str = ",.0f") -> str:
+    return format(value, spec) if _finite(value) else "—"
+
+
+def _sm(summary: dict, key: str) -> str:
+    sm = summary.get("sm")
+    return _fmt(sm[key], ".1f") if sm else "—"
+
+
+def render_markdown(results: dict) -> str:
+    meta, run = results["meta"], results["config"]["run"]
+    lines = [
+        f"## {meta['preset']}: {results['config']['env']['name']}, {run['total_env_steps']:,} env steps, "
+        f"{run['num_evals']} evaluations",
+        "",
+        f"- date (UTC): {meta['date_utc']}",
+        f"- commit: {meta['git_commit'] or 'unknown'}{' (uncommitted changes)' if meta['git_dirty'] else ''}",
+        f"- device: {meta['device_kind']} ({meta['platform']}); jax {meta['jax_version']}, brax {meta['brax_version']}",
+        f"- command: `{meta['command']}`",
+        f"- env steps per iteration: {results['schedule']['env_steps_per_iteration']:,}; "
+        f"iterations per evaluation: {results['schedule']['iterations_per_eval']}",
+        "",
+        "| system | steady steps/s | steps/s incl. evals | compile s | final return | SM activity % | SM occupancy % |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, summary in results["systems"].items():
+        label = SYSTEM_LABELS[name]
+        if summary.get("status") != "ok":
+            lines.append(f"| {label} | failed: {summary.get('reason')} | | | | | |")
+            continue
+        lines.append(f"| {label} | {_fmt(summary['steady_sps'])} | {_fmt(summary.get('steady_sps_with_evals'))} "
+                     f"| {_fmt(summary['compile_seconds'], '.1f')} | {_fmt(summary.get('final_return'), '.4g')} "
+                     f"| {_sm(summary, 'sm_activity_pct')} | {_sm(summary, 'sm_occupancy_pct')} |")
+    limits = results["limits"]
+    if limits:
+        lines += [
+            "",
+            "| limit | steps/s | seconds per iteration |",
+            "| --- | ---: | ---: |",
+            f"| rollout ceiling (simulation alone) | {_fmt(limits['rollout_ceiling_sps'])} "
+            f"| {_fmt(limits['rollout_seconds_at_ceiling'], '.4f')} |",
+            f"| synchronous limit (rollout at ceiling + training alone) | {_fmt(limits['synchronous_limit_sps'])} "
+            f"| {_fmt(limits['rollout_seconds_at_ceiling'] + limits['training_seconds_alone'], '.4f')} |",
+            f"| training alone (learner update) | | {_fmt(limits['training_seconds_alone'], '.4f')} |",
+        ]
+    if results["ratios"]:
+        lines += ["", "| ratio | value | from |", "| --- | ---: | --- |"]
+        lines += [f"| {r['name']} | {r['value']:.3f} | `{r['numerator']}` / `{r['denominator']}` |"
+                  for r in results["ratios"]]
+    lines += ["", *_eval_lines(results), *_notes(results), ""]
+    return "\n".join(lines)
+
+
+def _eval_lines(results: dict) -> list[str]:
+    lines = []
+    for name in ("brax", "sequential"):
+        summary = results["systems"].get(name, {})
+        if summary.get("status") == "ok":
+            evals = summary["eval_seconds"]
+            steady = evals[2:]  # the evaluations inside the steady window
+            share = sum(steady) / summary["steady_wall_seconds"] if summary["steady_wall_seconds"] > 0 else float("nan")
+            lines.append(f"- {SYSTEM_LABELS[name]}: median evaluation {_fmt(statistics.median(steady), '.3f')} s, "
+                         f"{_fmt(100 * share, '.0f')}% of the steady wall time")
+    return lines
+
+
+def _notes(results: dict) -> list[str]:
+    notes = [
+        "- steady: epochs (brax) or iterations (jaxrose) after the first evaluation period, whose first epoch "
+        "compiles; incl. evals: steady env steps / wall time from the end of the second evaluation to the end "
+        "of the last.",
+        "- compile s: brax, its first epoch's time beyond a steady epoch's; jaxrose, the ahead-of-time compile of "
+        "one iteration; simulation, the compile of one iteration's rollout.",
+    ]
+    sampling = results["meta"]["sm_sampling"]
+    if not sampling["available"]:
+        notes.append(f"- SM activity not measured: {sampling['reason']}")
+    for note in results["systems"].get("brax", {}).get("notes", []):
+        notes.append(f"- brax mapping: {note}")
+    return notes
+
+
+def plot_results(results: dict, png_path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = {name: s for name, s in results["systems"].items() if s.get("status") == "ok"}
+    fig, (bars, activity) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [SYSTEM_LABELS[name] for name in systems]
+    steady = [s["steady_sps"] for s in systems.values()]
+    with_evals = [s.get("steady_sps_with_evals", float("nan")) for s in systems.values()]
+    x = range(len(systems))
+    bars.bar([i - 0.2 for i in x], steady, width=0.4, label="steady")
+    bars.bar([i + 0.2 for i in x], [v if _finite(v) else 0 for v in with_evals], width=0.4, label="incl. evals")
+    if "synchronous_limit_sps" in results["limits"]:
+        bars.axhline(results["limits"]["synchronous_limit_sps"], color="0.4", ls="--", lw=1, label="synchronous limit")
+    bars.set_xticks(list(x), labels, rotation=10)
+    bars.set_ylabel("env steps / s")
+    bars.set_title(f"{results['meta']['preset']} on {results['meta']['device_kind']}")
+    bars.legend()
+    bars.grid(axis="y", alpha=0.3)
+
+    samples = results["gpu_activity"]["samples"]
+    if samples:
+        activity.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, color="k", label="SM activity")
+        activity.plot([s[0] for s in samples], [s[2] for s in samples], lw=1, color="0.6", label="SM occupancy")
+        for i, (name, s) in enumerate(systems.items()):
+            activity.axvspan(*s["window"], alpha=0.15, color=f"C{i}", label=f"{SYSTEM_LABELS[name]} steady")
+        activity.set_xlabel("seconds since the bench started")
+        activity.set_ylabel("%")
+        activity.legend(fontsize=8)
+    else:
+        activity.text(0.5, 0.5, "SM activity not measured:\n" + str(results["meta"]["sm_sampling"]["reason"]),
+                      ha="center", va="center", wrap=True, transform=activity.transAxes)
+        activity.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return png_path
+
+
+def append_record(path: str, markdown: str) -> None:
+    """Appends the results section to a running log such as BENCHMARKS.md."""
+    exists = os.path.exists(path) and os.path.getsize(path) > 0
+    with open(path, "a") as f:
+        f.write(("\n" if exists else "") + markdown)
+
+
+def main(args: list[str]) -> None:
+    bench = parse_args(args)
+    results = run_bench(bench, command=shlex.join(["jaxrose", "bench", *args]))
+    sys.stdout.write(render_markdown(results))
+    failed = [name for name, s in results["systems"].items() if s.get("status") != "ok"]
+    if failed:
+        _log(f"failed systems: {', '.join(failed)} (see results.json for the reasons)")
+        raise SystemExit(1)

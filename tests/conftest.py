@@ -1,0 +1,37 @@
+"""A strict harness: tests run on CPU, with several virtual CPU devices for multi-device code."""
+
+import os
+
+import tempfile
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# CPU compile time dominates this suite; the lowest backend optimisation level halves it and does not
+# change what the tests compare (both sides of every comparison run under the same flags).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))  # test helpers such as brax_compat
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 4)
+# Identical programs built by different executors compile once per test session.
+jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="jaxrose-test-cache-"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+@pytest.fixture
+def tiny_config():
+    """A point-mass run small enough for many tests: 32 envs, 2 groups, tiny networks."""
+    from jaxrose.config import EnvConfig, NetworkConfig, PPOConfig, RunConfig, TrainConfig
+
+    return TrainConfig(
+        env=EnvConfig(name="point_mass", num_envs=32, num_groups=2, episode_length=50),
+        network=NetworkConfig(policy_hidden=(16, 16), value_hidden=(16, 16)),
+        ppo=PPOConfig(unroll_length=8, batch_size=16, num_minibatches=4, num_updates_per_batch=2,
+                      learning_rate=1e-3),
+        run=RunConfig(total_env_steps=4 * 512, num_evals=3, num_eval_envs=8, progress_bar=False,
+                      tensorboard=False),
+    )

@@ -1,0 +1,107 @@
+"""The env contract for every tiny env, the registry, and the wrappers against hand-checked behaviour."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from envs.wrappers import AutoResetWrapper, EpisodeWrapper, GroupWrapper, wrap_for_training
+
+TINY_ENVS = ["pendulum", "point_mass"]
+
+
+@pytest.mark.parametrize("name", TINY_ENVS)
+def test_contract(name):
+    env = envs.make(name)
+    state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    assert state.obs.shape == (env.observation_size,)
+    step = jax.jit(env.step)
+    for i in range(20):
+        action = jax.random.uniform(jax.random.PRNGKey(i), (env.action_size,), minval=-1, maxval=1)
+        state = step(state, action)
+        assert state.obs.shape == (env.observation_size,)
+        assert state.reward.shape == () and state.done.shape == ()
+        assert np.all(np.isfinite(state.obs)) and np.isfinite(state.reward)
+
+
+@pytest.mark.slow
+def test_mjx_ant_contract():
+    """A real MJX env through the same contract and the full training wrapper stack."""
+    env = envs.make("ant")
+    train_env = wrap_for_training(env, episode_length=3, num_groups=2, envs_per_group=2)
+    state = jax.jit(train_env.reset)(jax.random.PRNGKey(0))
+    assert state.obs.shape == (2, 2, env.observation_size)
+    step = jax.jit(train_env.step)
+    first_obs = state.obs
+    for _ in range(3):
+        state = step(state, jnp.zeros((2, 2, env.action_size)))
+        assert np.all(np.isfinite(state.obs))
+    # After 3 steps every episode is truncated and auto-reset restores the first observation.
+    np.testing.assert_array_equal(state.done, 1.0)
+    np.testing.assert_array_equal(state.info["truncation"], 1.0)
+    np.testing.assert_allclose(state.obs, first_obs)
+
+
+def test_unknown_env_lists_known_names():
+    with pytest.raises(ValueError, match="Unknown environment 'antt'.*pendulum.*point_mass"):
+        envs.make("antt")
+    assert {"ant", "humanoid", "pendulum", "point_mass"} <= set(envs.names())
+
+
+def test_episode_wrapper_truncates_and_sums_rewards():
+    env = EpisodeWrapper(envs.make("pendulum"), episode_length=4)
+    state = env.reset(jax.random.PRNGKey(1))
+    rewards = []
+    for t in range(4):
+        state = env.step(state, jnp.zeros(1))
+        rewards.append(float(state.reward))
+        expected_done = 1.0 if t == 3 else 0.0
+        assert float(state.done) == expected_done
+        assert float(state.info["truncation"]) == expected_done
+    assert float(state.info["episode_metrics"]["length"]) == 4
+    np.testing.assert_allclose(float(state.info["episode_metrics"]["sum_reward"]), sum(rewards), rtol=1e-6)
+
+
+def test_termination_is_not_truncation():
+    # Pushing the point mass hard right makes it leave the arena: done without truncation.
+    env = EpisodeWrapper(envs.make("point_mass"), episode_length=1000)
+    state = env.reset(jax.random.PRNGKey(0))
+    for _ in range(200):
+        state = env.step(state, jnp.array([1.0, 0.0]))
+        if float(state.done):
+            break
+    assert float(state.done) == 1.0
+    assert float(state.info["truncation"]) == 0.0
+    assert float(state.reward) == -10.0
+
+
+def test_auto_reset_restores_first_state_and_keeps_final_obs():
+    env = AutoResetWrapper(EpisodeWrapper(envs.make("pendulum"), episode_length=3))
+    state = env.reset(jax.random.PRNGKey(2))
+    first_obs = state.obs
+    plain = EpisodeWrapper(envs.make("pendulum"), episode_length=3)
+    plain_state = plain.reset(jax.random.PRNGKey(2))
+    for _ in range(3):
+        state = env.step(state, jnp.ones(1))
+        plain_state = plain.step(plain_state, jnp.ones(1))
+    np.testing.assert_allclose(state.obs, first_obs)  # reset happened
+    np.testing.assert_allclose(state.info["final_obs"], plain_state.obs)  # the obs before the reset
+    state = env.step(state, jnp.ones(1))  # the next episode starts counting again
+    assert float(state.info["steps"]) == 1 and float(state.done) == 0.0
+    # Episode sums restart after a finished episode.
+    assert float(state.info["episode_metrics"]["length"]) == 1
+
+
+def test_group_wrapper_layout_is_independent_of_grouping():
+    base = envs.make("point_mass")
+    flat = GroupWrapper(base, 1, 12)
+    grouped = GroupWrapper(base, 3, 4)
+    key = jax.random.PRNGKey(3)
+    s_flat, s_grouped = flat.reset(key), grouped.reset(key)
+    assert s_grouped.obs.shape == (3, 4, base.observation_size)
+    np.testing.assert_array_equal(s_flat.obs.reshape(12, -1), s_grouped.obs.reshape(12, -1))
+    actions = jax.random.uniform(key, (12, 2), minval=-1, maxval=1)
+    s_flat = flat.step(s_flat, actions.reshape(1, 12, 2))
+    s_grouped = grouped.step(s_grouped, actions.reshape(3, 4, 2))
+    np.testing.assert_array_equal(s_flat.obs.reshape(12, -1), s_grouped.obs.reshape(12, -1))

@@ -1,0 +1,64 @@
+"""Learning outcomes: a tiny env learns, and jaxrose's PPO matches brax's PPO run for run."""
+
+import functools
+
+import numpy as np
+import pytest
+
+from jaxrose import get_preset, train
+from jaxrose.config import replace
+
+from brax_compat import brax_compat
+
+BUDGET = 150_000
+
+
+def point_mass_config(seed: int, out_dir: str):
+    return replace(get_preset("point-mass"), **{
+        "run.total_env_steps": BUDGET, "run.num_evals": 6, "run.seed": seed, "run.out_dir": out_dir,
+        "run.progress_bar": False, "run.tensorboard": False})
+
+
+def brax_final_return(config) -> float:
+    """brax's PPO on the same env object with the same settings (see BENCHMARKS.md for the mapping)."""
+    import envs
+    from brax.training.agents.ppo import networks as ppo_networks
+    from brax.training.agents.ppo import train as brax_ppo
+
+    evals = []
+    ppo, run = config.ppo, config.run
+    with brax_compat():
+        brax_ppo.train(
+            envs.make(config.env.name), num_timesteps=run.total_env_steps, num_evals=run.num_evals,
+            episode_length=config.env.episode_length, num_envs=config.env.num_envs, batch_size=ppo.batch_size,
+            num_minibatches=ppo.num_minibatches, unroll_length=ppo.unroll_length,
+            num_updates_per_batch=ppo.num_updates_per_batch, learning_rate=ppo.learning_rate,
+            entropy_cost=ppo.entropy_cost, discounting=ppo.discounting, gae_lambda=ppo.gae_lambda,
+            clipping_epsilon=ppo.clipping_epsilon, normalize_observations=ppo.normalize_observations,
+            reward_scaling=ppo.reward_scaling, num_eval_envs=run.num_eval_envs,
+            deterministic_eval=run.deterministic_eval, seed=run.seed, max_devices_per_host=1,
+            network_factory=functools.partial(ppo_networks.make_ppo_networks,
+                                              policy_hidden_layer_sizes=config.network.policy_hidden,
+                                              value_hidden_layer_sizes=config.network.value_hidden),
+            progress_fn=lambda step, metrics: evals.append(float(metrics["eval/episode_reward"])))
+    return evals[-1]
+
+
+@pytest.mark.slow
+def test_point_mass_learns(tmp_path):
+    result = train(point_mass_config(0, str(tmp_path)))
+    first, last = result.evaluations[0]["eval/episode_return"], result.final_return
+    assert last > 120.0 and last > first + 80.0, (first, last)
+
+
+@pytest.mark.slow
+def test_final_return_matches_brax_ppo(tmp_path):
+    """Same env, settings, budget and eval protocol; two seeds each. The runs' random streams differ,
+    so agreement is within seed noise: |mean difference| <= max(3 pooled std, 15% of brax's mean)."""
+    ours = [train(point_mass_config(seed, str(tmp_path / str(seed))), write_outputs=False).final_return
+            for seed in (0, 1)]
+    theirs = [brax_final_return(point_mass_config(seed, "")) for seed in (0, 1)]
+    pooled_std = np.sqrt((np.var(ours, ddof=1) + np.var(theirs, ddof=1)) / 2)
+    tolerance = max(3 * pooled_std, 0.15 * abs(np.mean(theirs)))
+    assert abs(np.mean(ours) - np.mean(theirs)) <= tolerance, (ours, theirs, tolerance)
+    assert min(theirs) > 100.0 and min(ours) > 100.0, (ours, theirs)
