@@ -30,6 +30,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -142,29 +143,14 @@ def _device_put_replicated(tree, devices):
 
 
 def make_brax_env(name: str):
-    """The env brax trains on: the registry's env, adapted when it is one of jaxrose's own."""
-    import envs
-    from brax.envs.base import Env as BraxEnv
+    """The registry's env, passed to brax as it is.
 
-    env = envs.make(name)
-    return env if isinstance(env, BraxEnv) else _keep_metric_keys(env)
-
-
-def _keep_metric_keys(env):
-    """Wraps a jaxrose env so that `step` keeps the metric keys outer wrappers added.
-
-    brax's wrappers add keys to `state.metrics` in place (its EvalWrapper adds 'reward') and brax's
-    own envs update that dict; jaxrose's tiny envs return a new metrics dict, which drops those keys
-    and breaks the pytree structure of brax's scans. Merging the dicts restores brax's behaviour.
+    brax's wrappers add keys to `state.metrics` in place (its EvalWrapper adds 'reward'), so an env
+    must carry unknown metric keys through `step`, as brax's envs and jaxrose's tiny envs do.
     """
-    from brax.envs.base import Wrapper
+    import envs
 
-    class KeepMetricKeys(Wrapper):
-        def step(self, state, action):
-            next_state = self.env.step(state, action)
-            return next_state.replace(metrics={**state.metrics, **next_state.metrics})
-
-    return KeepMetricKeys(env)
+    return envs.make(name)
 
 
 def brax_kwargs(config) -> tuple[dict, list[str]]:
@@ -223,7 +209,7 @@ def run_brax(config, sampler) -> dict:
     epoch_sps = [m["training/sps"] for _, _, m in calls[1:]]
     steps_per_epoch = calls[1][1] - calls[0][1]
     epoch_seconds = [steps_per_epoch / sps for sps in epoch_sps]
-    result = _steady_summary(epoch_sps, epoch_seconds, calls[1], calls[-1], sampler)
+    result = _steady_summary(epoch_sps[1:], calls[1], calls[-1], sampler)
     result.update(
         status="ok", notes=notes, total_wall_seconds=total, steps_per_epoch=steps_per_epoch,
         epoch_sps=epoch_sps, epoch_seconds=epoch_seconds, first_epoch_seconds=epoch_seconds[0],
@@ -237,12 +223,13 @@ def run_brax(config, sampler) -> dict:
     return result
 
 
-def _steady_summary(unit_sps, unit_seconds, first_call, last_call, sampler) -> dict:
-    """Steady numbers shared by brax and jaxrose: units (epochs, iterations) after the compile epoch."""
+def _steady_summary(steady_sps: list[float], first_call, last_call, sampler) -> dict:
+    """Steady numbers shared by brax and jaxrose, from the per-epoch or per-iteration steps/s of the
+    steady part and the (time, env steps) of the progress calls that open and close the steady window."""
     (t0, steps0, _), (t1, steps1, _) = first_call, last_call
     wall = t1 - t0
     return {
-        "steady_sps": statistics.median(unit_sps[1:]) if len(unit_sps) > 1 else float("nan"),
+        "steady_sps": statistics.median(steady_sps) if steady_sps else float("nan"),
         "steady_env_steps": steps1 - steps0,
         "steady_wall_seconds": wall,
         "steady_sps_with_evals": (steps1 - steps0) / wall if wall > 0 else float("nan"),
@@ -285,7 +272,7 @@ def run_sim_ceiling(config, repeats: int, sampler) -> dict:
     t1 = sampler.mark("sim/steady_end")
     env_steps = config.env_steps_per_iteration
     sps = [env_steps / s for s in seconds]
-    return {"status": "ok", "env_steps_per_call": env_steps, "steps_per_call": steps, "call_seconds": seconds,
+    return {"status": "ok", "env_steps_per_call": env_steps, "scan_length": steps, "call_seconds": seconds,
             "call_sps": sps, "steady_sps": statistics.median(sps), "median_call_seconds": statistics.median(seconds),
             "compile_seconds": compile_seconds, "window": [t0, t1], "sm": sampler.mean(t0, t1)}
 
@@ -317,7 +304,7 @@ def run_sequential(config, sampler) -> tuple[dict, Any]:
     skip = steady_skip(config)
     evals = result.evaluations
     calls = [(t, e["env_steps"], e) for t, e in zip(eval_times, evals)]
-    summary = _steady_summary(iteration_sps[skip - 1:], None, calls[1], calls[-1], sampler)
+    summary = _steady_summary(iteration_sps[skip:], calls[1], calls[-1], sampler)
     summary.update(
         status="ok", total_wall_seconds=total, steady_skip_iterations=skip,
         iteration_seconds=list(result.iteration_seconds), iteration_sps=iteration_sps,
@@ -410,13 +397,11 @@ def _finite(value) -> bool:
 
 def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     """Runs the selected systems and writes results.json, results.md and results.png; returns the results."""
-    import jax
-
     from jaxrose.profiler import GpuActivitySampler
 
     config = train_config(bench)
     systems: dict[str, dict] = {}
-    update = None
+    update = train_result = None
     with GpuActivitySampler() as sampler:
         origin = sampler.mark("bench/start")
         for name in bench.systems:
@@ -429,13 +414,17 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
                 else:
                     systems[name], train_result = run_sequential(config, sampler)
-                    update = time_learner_update(config, bench.repeats, train_result.executor, train_result.state)
             except Exception as e:  # one failed system must not lose the others' measurements
                 traceback.print_exc()
                 systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
             _log(f"{SYSTEM_LABELS[name]}: {_one_line(systems[name])}")
-        if "sim" in systems and update is None and systems["sim"]["status"] == "ok":
-            update = time_learner_update(config, bench.repeats)
+        if systems.get("sim", {}).get("status") == "ok":
+            # Reuse the trained executor when there is one: no second env build or trace.
+            executor, state = (train_result.executor, train_result.state) if train_result else (None, None)
+            try:
+                update = time_learner_update(config, bench.repeats, executor, state)
+            except Exception:  # the limits are lost, the systems' measurements are not
+                traceback.print_exc()
         sampler.mark("bench/end")
 
     results = {
@@ -633,18 +622,23 @@ def plot_results(results: dict, png_path: str) -> str:
 
     systems = {name: s for name, s in results["systems"].items() if s.get("status") == "ok"}
     fig, (bars, activity) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels = [SYSTEM_LABELS[name] for name in systems]
-    steady = [s["steady_sps"] for s in systems.values()]
-    with_evals = [s.get("steady_sps_with_evals", float("nan")) for s in systems.values()]
-    x = range(len(systems))
-    bars.bar([i - 0.2 for i in x], steady, width=0.4, label="steady")
-    bars.bar([i + 0.2 for i in x], [v if _finite(v) else 0 for v in with_evals], width=0.4, label="incl. evals")
+    for i, (name, summary) in enumerate(systems.items()):
+        for offset, key, color in ((-0.2, "steady_sps", "C0"), (0.2, "steady_sps_with_evals", "C1")):
+            value = summary.get(key)
+            if _finite(value):
+                bars.bar(i + offset, value, width=0.4, color=color)
+                bars.annotate(f"{value:,.0f}", (i + offset, value), ha="center", va="bottom", fontsize=7)
     if "synchronous_limit_sps" in results["limits"]:
-        bars.axhline(results["limits"]["synchronous_limit_sps"], color="0.4", ls="--", lw=1, label="synchronous limit")
-    bars.set_xticks(list(x), labels, rotation=10)
+        bars.axhline(results["limits"]["synchronous_limit_sps"], color="0.4", ls="--", lw=1)
+    bars.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="C0"), plt.Rectangle((0, 0), 1, 1, color="C1"),
+                         plt.Line2D([], [], color="0.4", ls="--")],
+                labels=["steady", "steady incl. evals", "synchronous limit"], fontsize=8)
+    values = [s[k] for s in systems.values() for k in ("steady_sps", "steady_sps_with_evals") if _finite(s.get(k))]
+    if values and min(values) > 0 and max(values) / min(values) > 20:
+        bars.set_yscale("log")  # the simulation ceiling can dwarf the trainers by orders of magnitude
+    bars.set_xticks(range(len(systems)), [SYSTEM_LABELS[name] for name in systems], fontsize=8)
     bars.set_ylabel("env steps / s")
     bars.set_title(f"{results['meta']['preset']} on {results['meta']['device_kind']}")
-    bars.legend()
     bars.grid(axis="y", alpha=0.3)
 
     samples = results["gpu_activity"]["samples"]
@@ -655,10 +649,12 @@ def plot_results(results: dict, png_path: str) -> str:
             activity.axvspan(*s["window"], alpha=0.15, color=f"C{i}", label=f"{SYSTEM_LABELS[name]} steady")
         activity.set_xlabel("seconds since the bench started")
         activity.set_ylabel("%")
+        activity.set_ylim(0, 100)
         activity.legend(fontsize=8)
     else:
-        activity.text(0.5, 0.5, "SM activity not measured:\n" + str(results["meta"]["sm_sampling"]["reason"]),
-                      ha="center", va="center", wrap=True, transform=activity.transAxes)
+        reason = textwrap.fill(str(results["meta"]["sm_sampling"]["reason"]), 60)
+        activity.text(0.5, 0.5, "SM activity not measured:\n" + reason, ha="center", va="center",
+                      transform=activity.transAxes)
         activity.set_axis_off()
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)

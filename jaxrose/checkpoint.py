@@ -38,7 +38,7 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, config) -> None:
         meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(config)}
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_flatten(state)),
                                                          meta=ocp.args.JsonSave(meta)), force=True)
         self._manager.wait_until_finished()
 
@@ -48,7 +48,7 @@ class Checkpointer:
             raise CheckpointError(f"No checkpoint found in {self.directory}. Check run.resume.")
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+                state=ocp.args.StandardRestore(_flatten(target)), meta=ocp.args.JsonRestore()))
         except Exception as error:  # orbax raises many types for unreadable data
             raise CheckpointError(f"Checkpoint step {step} in {self.directory} cannot be read "
                                   f"({type(error).__name__}: {error}). It may be truncated or altered; "
@@ -63,7 +63,20 @@ class Checkpointer:
                 raise CheckpointError(f"Checkpoint in {self.directory} was written with different {section} "
                                       f"settings ({saved.get(section)} vs {current[section]}); resume with "
                                       f"the same settings or start a new run.out_dir.")
-        return jax.tree.map(lambda t, x: x, target, restored["state"])
+        return _unflatten(target, restored["state"])
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _flatten(tree: Any) -> dict[str, Any]:
+    """The tree as {path: array}, without zero-size arrays, which orbax refuses to save (MJX's
+    `Data` has some, e.g. `act` for a model without actuator state)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {jax.tree_util.keystr(path): leaf for path, leaf in flat if getattr(leaf, "size", 1) > 0}
+
+
+def _unflatten(target: Any, flat: dict[str, Any]) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+    restored = [flat[jax.tree_util.keystr(path)] if getattr(leaf, "size", 1) > 0 else leaf for path, leaf in leaves]
+    return jax.tree_util.tree_unflatten(treedef, restored)

@@ -1,0 +1,114 @@
+"""`jaxrose bench` end to end on a tiny workload: every number present, positive where it must be,
+every ratio the quotient of the stored measurements, and the three output files written."""
+
+import json
+import math
+
+import pytest
+
+from jaxrose.bench import RATIOS, BenchConfig, lookup, main, parse_args
+from jaxrose.config import ConfigError
+
+ARGS = ["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
+        "--repeats", "3"]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    record = out / "BENCHMARKS.md"
+    record.write_text("# Benchmarks\n")
+    main(ARGS + ["--out", str(out), "--record", str(record)])
+    return out, json.loads((out / "results.json").read_text()), record
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_meta_records_where_and_how(bench_run):
+    _, results, _ = bench_run
+    meta = results["meta"]
+    for key in ("date_utc", "command", "device_kind", "jax_version", "brax_version", "git_commit"):
+        assert key in meta
+    assert meta["command"].startswith("jaxrose bench --preset point-mass --total-env-steps 20480")
+    assert meta["device_kind"]
+    if not meta["sm_sampling"]["available"]:  # CPU machines: the reason is recorded instead
+        assert meta["sm_sampling"]["reason"]
+
+
+def test_every_system_ran_with_positive_throughput(bench_run):
+    _, results, _ = bench_run
+    systems = results["systems"]
+    assert set(systems) == {"brax", "sim", "sequential"}
+    for name, summary in systems.items():
+        assert summary["status"] == "ok", (name, summary.get("reason"))
+        assert _positive(summary["steady_sps"]), name
+        assert math.isfinite(summary["compile_seconds"]), name
+        if not results["meta"]["sm_sampling"]["available"]:  # no GPU here
+            assert summary["sm"] is None, name
+    for name in ("brax", "sequential"):
+        summary = systems[name]
+        assert _positive(summary["steady_sps_with_evals"])
+        assert _positive(summary["steady_wall_seconds"])
+        assert math.isfinite(summary["final_return"])
+        assert all(_positive(s) for s in summary["eval_seconds"])
+    assert all(_positive(s) for s in systems["brax"]["epoch_sps"])
+    assert all(_positive(s) for s in systems["sequential"]["iteration_sps"])
+    assert all(_positive(s) for s in systems["sim"]["call_sps"])
+
+
+def test_systems_share_one_evaluation_schedule(bench_run):
+    _, results, _ = bench_run
+    brax, sequential = results["systems"]["brax"], results["systems"]["sequential"]
+    assert brax["eval_env_steps"] == sequential["eval_env_steps"]
+    assert len(brax["eval_env_steps"]) == 3
+    assert brax["steady_env_steps"] == sequential["steady_env_steps"] > 0
+
+
+def test_limits_follow_from_the_measured_times(bench_run):
+    _, results, _ = bench_run
+    limits, sim = results["limits"], results["systems"]["sim"]
+    assert limits["rollout_ceiling_sps"] == sim["steady_sps"]
+    expected = limits["env_steps_per_iteration"] / (limits["rollout_seconds_at_ceiling"]
+                                                    + limits["training_seconds_alone"])
+    assert limits["synchronous_limit_sps"] == pytest.approx(expected, rel=1e-12)
+    assert limits["synchronous_limit_sps"] < limits["rollout_ceiling_sps"]
+
+
+def test_each_ratio_is_the_quotient_of_stored_values(bench_run):
+    _, results, _ = bench_run
+    ratios = {r["name"]: r for r in results["ratios"]}
+    assert set(ratios) == {name for name, _, _ in RATIOS}
+    for ratio in ratios.values():
+        numerator, denominator = lookup(results, ratio["numerator"]), lookup(results, ratio["denominator"])
+        assert _positive(numerator) and _positive(denominator)
+        assert ratio["value"] == pytest.approx(numerator / denominator, rel=1e-12)
+
+
+def test_markdown_plot_and_record_are_written(bench_run):
+    out, results, record = bench_run
+    markdown = (out / "results.md").read_text()
+    for text in ("brax PPO", "simulation only (ceiling)", "jaxrose sequential", "synchronous limit",
+                 "jaxrose sequential / brax (steady)", results["meta"]["command"]):
+        assert text in markdown
+    assert (out / "results.png").stat().st_size > 10_000
+    logged = record.read_text()
+    assert logged.startswith("# Benchmarks\n") and results["meta"]["command"] in logged
+
+
+def test_parse_args_defaults_and_lists():
+    bench = parse_args(["--systems", "sim, sequential"])
+    assert bench.systems == ("sim", "sequential")
+    assert bench.preset == "ant-mlp" and bench.out_dir.endswith("ant-mlp")
+    assert parse_args([]).systems == ("brax", "sim", "sequential")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"systems": ("brax", "rllib")}, "--systems must be"),
+    ({"num_evals": 2}, "--num-evals must be >= 3"),
+    ({"repeats": 0}, "--repeats must be >= 1"),
+])
+def test_bad_settings_name_the_flag(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        BenchConfig(**changes)
