@@ -121,12 +121,21 @@ class RunConfig:
     """Resume from the latest checkpoint in this run folder."""
     tensorboard: bool = True
     progress_bar: bool = True
+    eval_mode: Literal["inline", "process"] = "inline"
+    """inline: evaluate between iterations, as brax does. process: evaluate in a separate process
+    (an MPS client on a GPU) with the params of iteration k while training continues."""
+    eval_sm_percentage: Optional[int] = None
+    """SM quota of the evaluation process under MPS (None: no cap)."""
+    use_mps: bool = True
+    """Use a private MPS daemon for worker processes when the machine offers one."""
 
     def __post_init__(self):
         _require(self.total_env_steps > 0, f"run.total_env_steps must be > 0, got {self.total_env_steps}.")
         _require(self.num_evals >= 1, f"run.num_evals must be >= 1, got {self.num_evals}.")
         _require(self.num_eval_envs >= 1, f"run.num_eval_envs must be >= 1, got {self.num_eval_envs}.")
         _require(self.checkpoint_every >= 0, f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}.")
+        _require(self.eval_sm_percentage is None or 1 <= self.eval_sm_percentage <= 100,
+                 f"run.eval_sm_percentage must be a percentage in [1, 100], got {self.eval_sm_percentage}.")
         _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
 
 

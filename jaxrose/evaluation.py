@@ -13,6 +13,12 @@ from envs.wrappers import EpisodeWrapper, GroupWrapper
 from jaxrose.networks import ActorCritic
 
 
+def evaluation_key(seed: int, iteration: int) -> jax.Array:
+    """The evaluation key of an iteration: a function of the seed alone, so resumed runs, inline and
+    out-of-process evaluation all see the same episodes."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed + 1_000_003), iteration)
+
+
 def make_evaluate(env: Env, net: ActorCritic, num_envs: int, episode_length: int, deterministic: bool):
     """Returns a jitted evaluate(params, normalizer, key) -> metrics dict of scalars."""
     eval_env = GroupWrapper(EpisodeWrapper(env, episode_length), 1, num_envs)

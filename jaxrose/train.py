@@ -1,8 +1,9 @@
 """`train(config)`: the sequential executor driven by a host loop with evaluation, logging and checkpoints.
 
 Evaluations follow brax's schedule: one before training, then one every
-`config.iterations_per_eval` iterations; a checkpoint is written at each evaluation, every
-`run.checkpoint_every` iterations, at the end, and on Ctrl-C.
+`config.iterations_per_eval` iterations, either inline (as brax) or in a separate process that
+overlaps them with training (`run.eval_mode='process'`). A checkpoint is written at each
+evaluation, every `run.checkpoint_every` iterations, at the end, and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from typing import Iterable, Mapping, Optional
 
 import jax
@@ -19,7 +21,9 @@ import numpy as np
 from jaxrose.callbacks import Callback, JsonlWriter, ProgressBar, TensorBoardWriter
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import TrainConfig
-from jaxrose.evaluation import make_evaluate
+from jaxrose.eval_worker import ProcessEvaluator
+from jaxrose.evaluation import evaluation_key, make_evaluate
+from jaxrose.mps import MpsDaemon, gpu_count, unavailable_reason
 from jaxrose.plotting import plot_learning_curve
 from jaxrose.sequential import RunState, SequentialExecutor
 
@@ -32,6 +36,8 @@ class TrainResult:
     iteration_seconds: list[float]
     compile_seconds: float
     out_dir: str
+    wall_seconds: float = float("nan")
+    """From the first training iteration's dispatch to the last evaluation's result."""
 
     @property
     def params(self):
@@ -42,10 +48,6 @@ class TrainResult:
         return self.evaluations[-1]["eval/episode_return"] if self.evaluations else float("nan")
 
 
-def _scalars(metrics: Mapping) -> dict[str, float]:
-    return {k: float(np.asarray(v)) for k, v in metrics.items()}
-
-
 def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Optional[SequentialExecutor] = None,
           write_outputs: bool = True) -> TrainResult:
     """Trains with PPO on the sequential executor and returns the final state and metrics.
@@ -53,86 +55,163 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     Outputs (metrics.jsonl, TensorBoard events, checkpoints/, learning_curve.png) go to
     `config.run.out_dir` when `write_outputs` is true.
     """
-    run = config.run
-    executor = executor or SequentialExecutor(config)
-    evaluate = make_evaluate(executor.env, executor.net, run.num_eval_envs, config.env.episode_length,
-                             run.deterministic_eval)
-    out_dir = os.path.abspath(run.out_dir)
-    sinks: list[Callback] = list(callbacks)
-    checkpointer = None
-    if write_outputs:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(config), f, indent=2)
-        checkpointer = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=run.keep_checkpoints)
-        sinks.append(JsonlWriter(os.path.join(out_dir, "metrics.jsonl")))
-        if run.tensorboard:
-            sinks.append(TensorBoardWriter(os.path.join(out_dir, "tensorboard")))
+    # The evaluation process (and MPS) must start before this process touches its GPU.
+    remote = _start_process_evaluator(config) if config.run.eval_mode == "process" else None
+    try:
+        return _TrainingLoop(config, list(callbacks), executor, write_outputs, remote).run()
+    finally:
+        if remote is not None:
+            remote.close()
 
-    state = executor.init(jax.random.PRNGKey(run.seed))
-    if run.resume:
-        resume_from = Checkpointer(os.path.join(os.path.abspath(run.resume), "checkpoints"), keep=run.keep_checkpoints)
-        state = resume_from.restore(state, config)
-    start_iteration = int(state.iteration)
-    steps_per_iteration = executor.env_steps_per_iteration
-    if run.progress_bar:
-        sinks.append(ProgressBar(config.num_iterations * steps_per_iteration, start_iteration * steps_per_iteration))
 
-    def emit(iteration: int, metrics: Mapping[str, float]) -> None:
-        for sink in sinks:
-            sink(iteration * steps_per_iteration, metrics)
+class _TrainingLoop:
+    def __init__(self, config: TrainConfig, sinks: list[Callback], executor: Optional[SequentialExecutor],
+                 write_outputs: bool, remote: Optional[ProcessEvaluator]):
+        self.config, self.run_config, self.sinks, self.remote = config, config.run, sinks, remote
+        self.executor = executor or SequentialExecutor(config)
+        self.evaluate = make_evaluate(self.executor.env, self.executor.net, self.run_config.num_eval_envs,
+                                      config.env.episode_length, self.run_config.deterministic_eval)
+        self.steps_per_iteration = self.executor.env_steps_per_iteration
+        self.out_dir = os.path.abspath(self.run_config.out_dir)
+        self.write_outputs = write_outputs
+        self.checkpointer = None
+        self.evaluations: list[dict] = []
+        if write_outputs:
+            self._open_outputs()
 
-    eval_key = jax.random.PRNGKey(run.seed + 1_000_003)
-    evaluations: list[dict] = []
+    def _open_outputs(self) -> None:
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(self.config), f, indent=2)
+        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"), keep=self.run_config.keep_checkpoints)
+        self.sinks.append(JsonlWriter(os.path.join(self.out_dir, "metrics.jsonl")))
+        if self.run_config.tensorboard:
+            self.sinks.append(TensorBoardWriter(os.path.join(self.out_dir, "tensorboard")))
 
-    def run_evaluation(iteration: int, state: RunState) -> dict:
+    def emit(self, iteration: int, metrics: Mapping[str, float]) -> None:
+        for sink in self.sinks:
+            sink(iteration * self.steps_per_iteration, metrics)
+
+    def initial_state(self) -> RunState:
+        state = self.executor.init(jax.random.PRNGKey(self.run_config.seed))
+        if self.run_config.resume:
+            source = Checkpointer(os.path.join(os.path.abspath(self.run_config.resume), "checkpoints"))
+            state = source.restore(state, self.config)
+        return state
+
+    def record_evaluation(self, iteration: int, result: dict) -> None:
+        self.evaluations.append({"iteration": iteration, "env_steps": iteration * self.steps_per_iteration, **result})
+        self.emit(iteration, result)
+
+    def start_evaluation(self, iteration: int, state: RunState) -> None:
+        if self.remote is not None:
+            self.remote.submit(iteration, state.learner)
+            return
         start = time.perf_counter()
         learner = state.learner
-        metrics = _scalars(evaluate(learner.params, learner.normalizer, jax.random.fold_in(eval_key, iteration)))
+        metrics = _scalars(self.evaluate(learner.params, learner.normalizer,
+                                         evaluation_key(self.run_config.seed, iteration)))
         result = {f"eval/{k}": v for k, v in metrics.items()}
         result["eval/walltime"] = time.perf_counter() - start
-        evaluations.append({"iteration": iteration, "env_steps": iteration * steps_per_iteration, **result})
-        return result
+        self.record_evaluation(iteration, result)
 
-    def save(iteration: int, state: RunState) -> None:
-        if checkpointer is not None:
-            checkpointer.save(iteration, state, config)
+    def collect_remote(self, wait: bool) -> None:
+        if self.remote is not None:
+            for iteration, result in (self.remote.drain() if wait else self.remote.finished()):
+                self.record_evaluation(iteration, result)
 
-    compile_seconds = executor.compile(state)
-    emit(start_iteration, {"perf/compile_seconds": compile_seconds})
-    if start_iteration == 0 and run.num_evals > 1:
-        emit(0, run_evaluation(0, state))
+    def save(self, iteration: int, state: RunState) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.save(iteration, state, self.config)
 
-    iteration_seconds: list[float] = []
-    try:
-        for iteration in range(start_iteration + 1, config.num_iterations + 1):
-            # Each iteration is timed from dispatch to its metrics on the host. On a GPU the XLA while
-            # loops inside an iteration already make dispatch wait for the device, so a deeper
-            # dispatch queue would not overlap anything and would only blur per-iteration timing.
-            start = time.perf_counter()
-            state, metrics = executor.step(state)
-            metrics = _scalars(jax.device_get(metrics))
-            seconds = time.perf_counter() - start
-            iteration_seconds.append(seconds)
-            emit(iteration, {**metrics, "perf/iteration_seconds": seconds, "perf/sps": steps_per_iteration / seconds})
-            at_eval = iteration % config.iterations_per_eval == 0
-            if at_eval:
-                emit(iteration, run_evaluation(iteration, state))
-            if at_eval or iteration == config.num_iterations or (
-                    run.checkpoint_every and iteration % run.checkpoint_every == 0):
-                save(iteration, state)
-    except KeyboardInterrupt:
-        save(int(state.iteration), state)
-        raise
-    finally:
-        for sink in sinks:
+    def run(self) -> TrainResult:
+        config, run = self.config, self.run_config
+        state = self.initial_state()
+        start_iteration = int(state.iteration)
+        if run.progress_bar:
+            self.sinks.append(ProgressBar(config.num_iterations * self.steps_per_iteration,
+                                          start_iteration * self.steps_per_iteration))
+        compile_seconds = self.executor.compile(state)
+        self.emit(start_iteration, {"perf/compile_seconds": compile_seconds})
+        if start_iteration == 0 and run.num_evals > 1:
+            self.start_evaluation(0, state)
+
+        iteration_seconds: list[float] = []
+        wall_start = time.perf_counter()
+        try:
+            for iteration in range(start_iteration + 1, config.num_iterations + 1):
+                # Timed from dispatch to metrics on the host. On a GPU the XLA while loops inside an
+                # iteration already make dispatch wait for the device, so a deeper dispatch queue
+                # would overlap nothing and only blur per-iteration timing.
+                start = time.perf_counter()
+                state, metrics = self.executor.step(state)
+                metrics = _scalars(jax.device_get(metrics))
+                seconds = time.perf_counter() - start
+                iteration_seconds.append(seconds)
+                self.emit(iteration, {**metrics, "perf/iteration_seconds": seconds,
+                                      "perf/sps": self.steps_per_iteration / seconds})
+                at_eval = iteration % config.iterations_per_eval == 0
+                if at_eval:
+                    self.start_evaluation(iteration, state)
+                self.collect_remote(wait=False)
+                if at_eval or iteration == config.num_iterations or (
+                        run.checkpoint_every and iteration % run.checkpoint_every == 0):
+                    self.save(iteration, state)
+            self.collect_remote(wait=True)
+        except KeyboardInterrupt:
+            self.save(int(state.iteration), state)
+            raise
+        finally:
+            self._close_outputs()
+        wall_seconds = time.perf_counter() - wall_start
+        self.evaluations.sort(key=lambda e: e["iteration"])
+        if self.write_outputs:
+            plot_learning_curve(os.path.join(self.out_dir, "metrics.jsonl"),
+                                os.path.join(self.out_dir, "learning_curve.png"),
+                                title=f"{config.env.name}: PPO (jaxrose)")
+        return TrainResult(state, self.executor, self.evaluations, iteration_seconds, compile_seconds, self.out_dir,
+                           wall_seconds)
+
+    def _close_outputs(self) -> None:
+        for sink in self.sinks:
             if hasattr(sink, "close"):
                 sink.close()
-        if checkpointer is not None:
-            checkpointer.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
 
-    if write_outputs:
-        plot_learning_curve(os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "learning_curve.png"),
-                            title=f"{config.env.name}: PPO (jaxrose)")
-    return TrainResult(state, executor, evaluations, iteration_seconds, compile_seconds, out_dir)
 
+def _scalars(metrics: Mapping) -> dict[str, float]:
+    return {k: float(np.asarray(v)) for k, v in metrics.items()}
+
+
+def _start_process_evaluator(config: TrainConfig) -> ProcessEvaluator:
+    """Starts the evaluation worker, under a private MPS daemon when the GPU offers one.
+
+    This process trains, so it must be an MPS client too, which is possible only if it has not
+    initialised its GPU yet; otherwise the two processes share the GPU by time slicing (a warning).
+    """
+    worker_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # the trainer already holds most memory
+    reason = unavailable_reason() if config.run.use_mps else "run.use_mps is off"
+    if reason is None and _jax_backend_initialized():
+        reason = ("this process initialised its GPU before the MPS daemon could start; run training in a "
+                  "fresh process (e.g. the `jaxrose train` command) to overlap evaluation under MPS")
+    daemon = MpsDaemon()
+    if reason is None and daemon.start():
+        os.environ.update(daemon.client_env())  # this process, the trainer, attaches too
+        worker_env.update(daemon.client_env(config.run.eval_sm_percentage))
+        daemon.stop_when_process_exits(os.getpid())
+    elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
+        warnings.warn(f"Evaluation runs in a separate process without MPS: {reason}.", stacklevel=3)
+    evaluator = ProcessEvaluator(config, worker_env)
+    try:
+        evaluator.info = evaluator.start()
+    except BaseException:
+        evaluator.close()
+        raise
+    return evaluator
+
+
+def _jax_backend_initialized() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()

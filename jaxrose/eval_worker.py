@@ -1,0 +1,84 @@
+"""Evaluation in its own process: episodes with the parameters of iteration k run while training
+continues with iteration k+1 (a synchronous-semantics overlap: evaluation reads params k and writes
+nothing training reads).
+
+Parameters travel host-side through the worker's pipe: the policy, value net and normalizer of a
+brax-sized MLP are ~300 KB, sent once per evaluation, which costs far less than one iteration.
+The results equal inline evaluation exactly: same program, same params, same key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import jax
+
+from jaxrose.config import TrainConfig
+from jaxrose.workers import Worker, WorkerError
+
+log = logging.getLogger(__name__)
+
+
+def _serve(conn, config: TrainConfig) -> None:
+    """Worker side: build the evaluator once, then evaluate whatever parameters arrive."""
+    import envs
+    from jaxrose.evaluation import evaluation_key, make_evaluate
+    from jaxrose.networks import make_actor_critic
+
+    env = envs.make(config.env.name)
+    net = make_actor_critic(env.observation_size, env.action_size, config.network, config.ppo.normalize_observations)
+    evaluate = make_evaluate(env, net, config.run.num_eval_envs, config.env.episode_length,
+                             config.run.deterministic_eval)
+    device = jax.devices()[0]
+    conn.send(("ready", {"platform": device.platform, "device_kind": device.device_kind,
+                         "core_count": getattr(device, "core_count", None)}))
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            return
+        _, iteration, params, normalizer = message
+        start = time.perf_counter()
+        metrics = jax.device_get(evaluate(params, normalizer, evaluation_key(config.run.seed, iteration)))
+        conn.send(("result", iteration, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - start))
+
+
+class ProcessEvaluator:
+    """Controller side: submit parameters without waiting; collect results as they finish."""
+
+    def __init__(self, config: TrainConfig, env: Optional[dict[str, str]] = None, timeout: float = 600.0):
+        self.worker = Worker("evaluator", _serve, (config,), env)
+        self.timeout = timeout
+        self.outstanding: set[int] = set()
+
+    def start(self) -> dict:
+        return self.worker.start(self.timeout)
+
+    def submit(self, iteration: int, learner) -> None:
+        params, normalizer = jax.device_get((learner.params, learner.normalizer))
+        self.worker.send(("evaluate", iteration, params, normalizer))
+        self.outstanding.add(iteration)
+
+    def _receive(self, timeout: float) -> tuple[int, dict]:
+        _, iteration, metrics, seconds = self.worker.receive(timeout)
+        self.outstanding.discard(iteration)
+        return iteration, {**{f"eval/{k}": v for k, v in metrics.items()}, "eval/walltime": seconds}
+
+    def finished(self) -> list[tuple[int, dict]]:
+        """Results that have arrived, without waiting; raises if the worker died."""
+        results = []
+        while self.outstanding and self.worker.poll():
+            results.append(self._receive(self.timeout))
+        if self.outstanding and not self.worker.process.is_alive():
+            raise self.worker._died("with evaluations outstanding")
+        return results
+
+    def drain(self) -> list[tuple[int, dict]]:
+        return [self._receive(self.timeout) for _ in range(len(self.outstanding))]
+
+    def close(self) -> None:
+        self.worker.stop()
+
+
+__all__ = ["ProcessEvaluator", "WorkerError"]

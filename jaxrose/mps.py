@@ -1,0 +1,137 @@
+"""NVIDIA MPS control: a private daemon, client environments with SM quotas, and what a machine offers.
+
+The daemon is private to this run: its pipe and log folders are fresh temporary folders, so it
+neither needs nor touches the machine-wide MPS set-up, and the GPU's compute mode is never changed.
+A client attaches only if `CUDA_MPS_PIPE_DIRECTORY` is set before it initialises CUDA; the quota
+(`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) is fixed for the client's life. A client that cannot reach the
+daemon silently runs without MPS, so attachment is verified from the SM count its JAX reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+CONTROL_BINARY = "nvidia-cuda-mps-control"
+
+
+class MpsError(RuntimeError):
+    """The MPS daemon could not be started or a client did not attach as asked."""
+
+
+def gpu_count() -> int:
+    """GPUs visible through NVML (0 when NVML or a driver is missing)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no library, no driver, no GPU: all mean "none"
+        return 0
+
+
+def unavailable_reason() -> Optional[str]:
+    """None when MPS can be used here, else one sentence saying why not."""
+    if shutil.which(CONTROL_BINARY) is None:
+        return f"`{CONTROL_BINARY}` is not on PATH (install the NVIDIA driver utilities)"
+    if gpu_count() == 0:
+        return "no NVIDIA GPU is visible through NVML"
+    return None
+
+
+def expected_sm_count(total_sms: int, percentage: int) -> int:
+    """SMs a client gets at a quota: measured on the H200, 40% of 132 SMs gave 52 (rounded up to even)."""
+    sms = math.ceil(total_sms * percentage / 100)
+    return min(total_sms, sms + (sms % 2))
+
+
+class MpsDaemon:
+    """A private MPS control daemon; use as a context manager or call start()/stop().
+
+    `start()` returns False (and logs a warning) when MPS is unavailable, so callers fall back to
+    plain processes, which share the GPU by time slicing.
+    """
+
+    def __init__(self):
+        self.root: Optional[str] = None
+        self.running = False
+
+    @property
+    def pipe_dir(self) -> str:
+        return os.path.join(self.root, "pipe")
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.join(self.root, "log")
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
+
+    def start(self) -> bool:
+        reason = unavailable_reason()
+        if reason is not None:
+            log.warning("MPS unavailable (%s); worker processes will share the GPU by time slicing.", reason)
+            return False
+        self.root = tempfile.mkdtemp(prefix="jaxrose-mps-")
+        os.makedirs(self.pipe_dir)
+        os.makedirs(self.log_dir)
+        result = subprocess.run([CONTROL_BINARY, "-d"], env=self._env(), capture_output=True, text=True, timeout=30)
+        if result.returncode != 0:
+            log.warning("MPS daemon failed to start (%s); falling back to time slicing.",
+                        (result.stderr or result.stdout).strip())
+            return False
+        self.running = True
+        return True
+
+    def client_env(self, sm_percentage: Optional[int] = None) -> dict[str, str]:
+        """Variables a client must have before CUDA starts (empty when the daemon is not running)."""
+        if not self.running:
+            return {}
+        env = {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
+        if sm_percentage is not None:
+            if not 1 <= sm_percentage <= 100:
+                raise MpsError(f"An SM quota must be a percentage in [1, 100], got {sm_percentage}.")
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percentage)
+        return env
+
+    def stop(self) -> None:
+        """Asks the daemon to quit (after its clients have exited) and removes its folders."""
+        if self.running:
+            subprocess.run([CONTROL_BINARY], input="quit\n", env=self._env(), capture_output=True, text=True,
+                           timeout=30)
+            self.running = False
+        if self.root:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+    def stop_when_process_exits(self, pid: int) -> None:
+        """Stops the daemon once process `pid` has exited, from a detached watcher.
+
+        `quit` waits for connected clients, so a daemon whose client is the calling process itself
+        (the trainer) can only be stopped after that process ends.
+        """
+        if not self.running:
+            return
+        script = (f"while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; "
+                  f"echo quit | {CONTROL_BINARY}; rm -rf '{self.root}'")
+        subprocess.Popen(["sh", "-c", script], env=self._env(), start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.running = False
+        self.root = None
+
+    def __enter__(self) -> "MpsDaemon":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,113 @@
+"""Worker processes: spawned (never forked), each with its own environment set before JAX starts.
+
+A worker runs `target(conn, *args)` and talks to the controller over a pipe. The controller never
+waits on a worker blindly: every receive polls with a timeout and checks that the process is still
+alive, so a worker that dies or hangs becomes a `WorkerError` within seconds, not a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import time
+import traceback
+from typing import Any, Callable, Iterator, Optional
+
+
+class WorkerError(RuntimeError):
+    """A worker died, hung, or raised; the message names the worker and what to do."""
+
+
+@contextlib.contextmanager
+def _environment(changes: dict[str, str]) -> Iterator[None]:
+    # A spawned child copies os.environ at start, so this is how its CUDA/MPS settings are fixed
+    # before it can import JAX.
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _worker_main(target: Callable, conn, args: tuple) -> None:
+    try:
+        target(conn, *args)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.send(("error", traceback.format_exc()))
+        raise
+
+
+class Worker:
+    """One spawned process. `start` waits for its ("ready", info) message."""
+
+    def __init__(self, name: str, target: Callable, args: tuple = (), env: Optional[dict[str, str]] = None):
+        self.name = name
+        self._ctx = mp.get_context("spawn")
+        self._conn, self._child_conn = self._ctx.Pipe()
+        self.process = self._ctx.Process(target=_worker_main, args=(target, self._child_conn, args), name=name,
+                                         daemon=True)
+        self.env = dict(env or {})
+        self.info: dict = {}
+
+    def start(self, ready_timeout: float = 300.0) -> dict:
+        with _environment(self.env):
+            self.process.start()
+        self._child_conn.close()
+        kind, *payload = self.receive(ready_timeout)
+        if kind != "ready":
+            raise WorkerError(f"Worker {self.name} sent {kind!r} before it was ready.")
+        self.info = payload[0]
+        return self.info
+
+    def send(self, message: Any) -> None:
+        try:
+            self._conn.send(message)
+        except (BrokenPipeError, EOFError, OSError) as error:
+            raise self._died(f"while sending ({error})") from error
+
+    def poll(self) -> bool:
+        return self._conn.poll()
+
+    def receive(self, timeout: float) -> tuple:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._conn.poll(0.05):
+                try:
+                    message = self._conn.recv()
+                except (EOFError, OSError) as error:
+                    raise self._died(f"while receiving ({error})") from error
+                if message[0] == "error":
+                    raise WorkerError(f"Worker {self.name} raised an exception:\n{message[1]}")
+                return message
+            if not self.process.is_alive():
+                raise self._died("before answering")
+            if time.monotonic() > deadline:
+                raise WorkerError(f"Worker {self.name} (pid {self.process.pid}) did not answer within {timeout:.0f} s; "
+                                  f"it may be hung. It will be stopped; check its device and logs.")
+
+    def _died(self, when: str) -> WorkerError:
+        self.process.join(1.0)
+        return WorkerError(f"Worker {self.name} (pid {self.process.pid}) died {when}, exit code "
+                           f"{self.process.exitcode}. The run stopped; the last checkpoint is intact and "
+                           f"`--run.resume` continues from it.")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Asks the worker to finish, then terminates and finally kills it if it does not."""
+        if self.process.is_alive():
+            with contextlib.suppress(Exception):
+                self._conn.send(("stop",))
+            self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(2.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(2.0)
+        self._conn.close()
