@@ -10,6 +10,7 @@ commands:
   train [--preset NAME] [--env.num-envs N ...]   train with PPO (default preset: pendulum)
   presets                                        list the named workloads
   bench [options]                                benchmark against brax PPO (see jaxrose bench --help)
+  doctor                                         what this machine offers: GPUs, SMs, MPS, GPM, versions
 
 Run `jaxrose train --help` for every setting.
 """
@@ -79,6 +80,10 @@ def _dispatch(command: str, args: list[str]) -> None:
         train_main(args)
     elif command == "presets":
         presets_main(args)
+    elif command == "doctor":
+        from jaxrose.doctor import main as doctor_main
+
+        doctor_main(args)
     elif command == "bench":
         from jaxrose.bench import main as bench_main
 

@@ -44,3 +44,12 @@ def test_unknown_command(capsys):
     with pytest.raises(SystemExit):
         main(["fly"])
     assert "Unknown command 'fly'" in capsys.readouterr().err
+
+
+def test_doctor_reports_this_machine(capsys):
+    main(["doctor"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["jax_backend"] == "cpu"
+    assert report["versions"]["brax"] == "0.14.2"
+    assert "not on PATH" in report["mps"] or "no NVIDIA GPU" in report["mps"]
+    assert report["nvml_gpus"] == [] or "error" in report["nvml_gpus"][0]
