@@ -91,12 +91,13 @@ def parse_args(args: list[str]) -> BenchConfig:
 
 
 def train_config(bench: BenchConfig):
-    """The preset with the bench's overrides; jaxrose's own outputs and progress bar are off."""
+    """The preset with the bench's overrides; jaxrose's own outputs and progress bar are off, and
+    evaluation runs inline, between iterations, on brax's schedule (the sequential reference)."""
     from jaxrose.config import ConfigError, replace
     from jaxrose.presets import get_preset
 
     config = get_preset(bench.preset)
-    overrides = {"run.progress_bar": False, "run.tensorboard": False}
+    overrides = {"run.progress_bar": False, "run.tensorboard": False, "run.eval_mode": "inline"}
     for name in ("total_env_steps", "num_evals", "num_eval_envs"):
         if getattr(bench, name) is not None:
             overrides[f"run.{name}"] = getattr(bench, name)
