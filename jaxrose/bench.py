@@ -35,8 +35,9 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-SYSTEMS = ("brax", "sim", "sequential")
-SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential"}
+SYSTEMS = ("brax", "sim", "sequential", "overlapped")
+SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential",
+                 "overlapped": "jaxrose, evaluation overlapped (MPS process)"}
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -200,8 +201,8 @@ def run_brax(config, sampler) -> dict:
         calls.append((t, int(step), {k: float(v) for k, v in metrics.items()}))
 
     kwargs, notes = brax_kwargs(config)
-    env = make_brax_env(config.env.name)
     start = time.perf_counter()
+    env = make_brax_env(config.env.name)
     with brax_jax_compat():
         brax_ppo.train(env, progress_fn=progress, **kwargs)
     total = time.perf_counter() - start
@@ -212,8 +213,9 @@ def run_brax(config, sampler) -> dict:
     epoch_seconds = [steps_per_epoch / sps for sps in epoch_sps]
     result = _steady_summary(epoch_sps[1:], calls[1], calls[-1], sampler)
     result.update(
-        status="ok", notes=notes, total_wall_seconds=total, steps_per_epoch=steps_per_epoch,
-        epoch_sps=epoch_sps, epoch_seconds=epoch_seconds, first_epoch_seconds=epoch_seconds[0],
+        status="ok", notes=notes, total_wall_seconds=total, seconds_to_steady=calls[1][0] - start,
+        steps_per_epoch=steps_per_epoch, epoch_sps=epoch_sps, epoch_seconds=epoch_seconds,
+        first_epoch_seconds=epoch_seconds[0],
         # Compilation happens inside brax's first epoch: its time beyond a steady epoch's.
         compile_seconds=epoch_seconds[0] - statistics.median(epoch_seconds[1:]),
         eval_seconds=[m["eval/epoch_eval_time"] for _, _, m in calls],
@@ -307,13 +309,64 @@ def run_sequential(config, sampler) -> tuple[dict, Any]:
     calls = [(t, e["env_steps"], e) for t, e in zip(eval_times, evals)]
     summary = _steady_summary(iteration_sps[skip:], calls[1], calls[-1], sampler)
     summary.update(
-        status="ok", total_wall_seconds=total, steady_skip_iterations=skip,
+        status="ok", total_wall_seconds=total, seconds_to_steady=calls[1][0] - start, steady_skip_iterations=skip,
         iteration_seconds=list(result.iteration_seconds), iteration_sps=iteration_sps,
         compile_seconds=result.compile_seconds,
         eval_seconds=[e["eval/walltime"] for e in evals], eval_returns=[e["eval/episode_return"] for e in evals],
         eval_env_steps=[e["env_steps"] for e in evals], final_return=result.final_return,
     )
     return summary, result
+
+
+# -- jaxrose with evaluation overlapped in a second process -----------------------------------------
+
+
+class _ClockOnlySampler:
+    """Stands in for the GPU sampler in a child process: marks are perf_counter readings (the same
+    system-wide monotonic clock as the parent's), and the parent averages SM activity itself."""
+
+    available = False
+
+    def mark(self, label: str) -> float:
+        return time.perf_counter()
+
+    def mean(self, t0=None, t1=None):
+        return None
+
+
+def run_overlapped(config, sampler) -> dict:
+    """The sequential executor with evaluation in a separate process (under MPS on a GPU), run in a
+    fresh Python process: the trainer must join MPS before it initialises its GPU, which this
+    bench process has already done."""
+    import pickle
+    import tempfile
+
+    from jaxrose.config import replace
+
+    config = replace(config, **{"run.eval_mode": "process"})
+    with tempfile.TemporaryDirectory(prefix="jaxrose-bench-") as tmp:
+        config_path, summary_path = os.path.join(tmp, "config.pkl"), os.path.join(tmp, "summary.json")
+        with open(config_path, "wb") as f:
+            pickle.dump(config, f)
+        # This process already holds most of the GPU's memory; the child allocates on demand.
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        code = f"from jaxrose.bench import _overlapped_child; _overlapped_child({config_path!r}, {summary_path!r})"
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=3600)
+        with open(summary_path) as f:
+            summary = json.load(f)
+    summary["sm"] = sampler.mean(*summary["window"])
+    return summary
+
+
+def _overlapped_child(config_path: str, summary_path: str) -> None:
+    import pickle
+
+    with open(config_path, "rb") as f:
+        config = pickle.load(f)
+    summary, result = run_sequential(config, _ClockOnlySampler())
+    summary["eval_worker"] = result.eval_worker
+    with open(summary_path, "w") as f:
+        json.dump(_jsonable(summary), f)
 
 
 # -- the synchronous limit ------------------------------------------------------------------------
@@ -364,6 +417,12 @@ RATIOS = (
      "systems.brax.steady_sps_with_evals"),
     ("jaxrose sequential / rollout ceiling", "systems.sequential.steady_sps", "limits.rollout_ceiling_sps"),
     ("jaxrose sequential / synchronous limit", "systems.sequential.steady_sps", "limits.synchronous_limit_sps"),
+    ("jaxrose overlapped / brax (incl. evals)", "systems.overlapped.steady_sps_with_evals",
+     "systems.brax.steady_sps_with_evals"),
+    ("jaxrose overlapped / jaxrose sequential (incl. evals)", "systems.overlapped.steady_sps_with_evals",
+     "systems.sequential.steady_sps_with_evals"),
+    ("jaxrose overlapped (incl. evals) / synchronous limit", "systems.overlapped.steady_sps_with_evals",
+     "limits.synchronous_limit_sps"),
     ("brax / rollout ceiling", "systems.brax.steady_sps", "limits.rollout_ceiling_sps"),
     ("brax / synchronous limit", "systems.brax.steady_sps", "limits.synchronous_limit_sps"),
 )
@@ -413,6 +472,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     systems[name] = run_brax(config, sampler)
                 elif name == "sim":
                     systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
+                elif name == "overlapped":
+                    systems[name] = run_overlapped(config, sampler)
                 else:
                     systems[name], train_result = run_sequential(config, sampler)
             except Exception as e:  # one failed system must not lose the others' measurements
@@ -490,7 +551,8 @@ def _git_state() -> dict:
                                     capture_output=True, text=True, check=True).stdout.strip())
         return {"git_commit": commit, "git_dirty": dirty}
     except (OSError, subprocess.CalledProcessError):
-        return {"git_commit": None, "git_dirty": None}
+        # A copy without .git (the GPU machine's): the commit can be passed in the environment.
+        return {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "git_dirty": None}
 
 
 def _one_line(summary: dict) -> str:
@@ -555,16 +617,18 @@ def render_markdown(results: dict) -> str:
         f"- env steps per iteration: {results['schedule']['env_steps_per_iteration']:,}; "
         f"iterations per evaluation: {results['schedule']['iterations_per_eval']}",
         "",
-        "| system | steady steps/s | steps/s incl. evals | compile s | final return | SM activity % | SM occupancy % |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| system | steady steps/s | steps/s incl. evals | compile s | time to steady s | final return "
+        "| SM activity % | SM occupancy % |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, summary in results["systems"].items():
         label = SYSTEM_LABELS[name]
         if summary.get("status") != "ok":
-            lines.append(f"| {label} | failed: {summary.get('reason')} | | | | | |")
+            lines.append(f"| {label} | failed: {summary.get('reason')} | | | | | | |")
             continue
         lines.append(f"| {label} | {_fmt(summary['steady_sps'])} | {_fmt(summary.get('steady_sps_with_evals'))} "
-                     f"| {_fmt(summary['compile_seconds'], '.1f')} | {_fmt(summary.get('final_return'), '.4g')} "
+                     f"| {_fmt(summary['compile_seconds'], '.1f')} | {_fmt(summary.get('seconds_to_steady'), '.1f')} "
+                     f"| {_fmt(summary.get('final_return'), '.4g')} "
                      f"| {_sm(summary, 'sm_activity_pct')} | {_sm(summary, 'sm_occupancy_pct')} |")
     limits = results["limits"]
     if limits:
@@ -605,7 +669,9 @@ def _notes(results: dict) -> list[str]:
         "compiles; incl. evals: steady env steps / wall time from the end of the second evaluation to the end "
         "of the last.",
         "- compile s: brax, its first epoch's time beyond a steady epoch's; jaxrose, the ahead-of-time compile of "
-        "one iteration; simulation, the compile of one iteration's rollout.",
+        "one iteration; simulation, the compile of one iteration's rollout. time to steady s: from the system's "
+        "start (env construction included) to the start of its steady window: every compilation, the first "
+        "epoch and the first two evaluations.",
     ]
     sampling = results["meta"]["sm_sampling"]
     if not sampling["available"]:

@@ -38,6 +38,8 @@ class TrainResult:
     out_dir: str
     wall_seconds: float = float("nan")
     """From the first training iteration's dispatch to the last evaluation's result."""
+    eval_worker: dict = dataclasses.field(default_factory=dict)
+    """What the evaluation process reported at start (device, SM count), when evaluation ran there."""
 
     @property
     def params(self):
@@ -170,7 +172,7 @@ class _TrainingLoop:
                                 os.path.join(self.out_dir, "learning_curve.png"),
                                 title=f"{config.env.name}: PPO (jaxrose)")
         return TrainResult(state, self.executor, self.evaluations, iteration_seconds, compile_seconds, self.out_dir,
-                           wall_seconds)
+                           wall_seconds, self.remote.worker.info if self.remote else {})
 
     def _close_outputs(self) -> None:
         for sink in self.sinks:
@@ -204,7 +206,7 @@ def _start_process_evaluator(config: TrainConfig) -> ProcessEvaluator:
         warnings.warn(f"Evaluation runs in a separate process without MPS: {reason}.", stacklevel=3)
     evaluator = ProcessEvaluator(config, worker_env)
     try:
-        evaluator.info = evaluator.start()
+        evaluator.start()
     except BaseException:
         evaluator.close()
         raise

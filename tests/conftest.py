@@ -1,22 +1,21 @@
-"""A strict harness: tests run on CPU, with several virtual CPU devices for multi-device code."""
+"""A strict harness: tests run on CPU, with several virtual CPU devices for multi-device code.
+
+Settings go through the environment, before JAX is imported, so that worker processes the tests
+spawn run with the same devices and flags and compute bit for bit the same.
+"""
 
 import os
-
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "4")
 # CPU compile time dominates this suite; the lowest backend optimisation level halves it and does not
 # change what the tests compare (both sides of every comparison run under the same flags).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
-import sys  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))  # test helpers such as brax_compat
-
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-jax.config.update("jax_num_cpu_devices", 4)
 # Identical programs built by different executors compile once per test session.
 jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="jaxrose-test-cache-"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

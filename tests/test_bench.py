@@ -40,14 +40,14 @@ def test_meta_records_where_and_how(bench_run):
 def test_every_system_ran_with_positive_throughput(bench_run):
     _, results, _ = bench_run
     systems = results["systems"]
-    assert set(systems) == {"brax", "sim", "sequential"}
+    assert set(systems) == {"brax", "sim", "sequential", "overlapped"}
     for name, summary in systems.items():
         assert summary["status"] == "ok", (name, summary.get("reason"))
         assert _positive(summary["steady_sps"]), name
         assert math.isfinite(summary["compile_seconds"]), name
         if not results["meta"]["sm_sampling"]["available"]:  # no GPU here
             assert summary["sm"] is None, name
-    for name in ("brax", "sequential"):
+    for name in ("brax", "sequential", "overlapped"):
         summary = systems[name]
         assert _positive(summary["steady_sps_with_evals"])
         assert _positive(summary["steady_wall_seconds"])
@@ -64,6 +64,16 @@ def test_systems_share_one_evaluation_schedule(bench_run):
     assert brax["eval_env_steps"] == sequential["eval_env_steps"]
     assert len(brax["eval_env_steps"]) == 3
     assert brax["steady_env_steps"] == sequential["steady_env_steps"] > 0
+    overlapped = results["systems"]["overlapped"]
+    assert overlapped["eval_env_steps"] == sequential["eval_env_steps"]
+
+
+def test_overlapped_evaluation_keeps_the_same_results(bench_run):
+    """Evaluation in another process changes when it runs, not what it computes."""
+    _, results, _ = bench_run
+    sequential, overlapped = results["systems"]["sequential"], results["systems"]["overlapped"]
+    assert overlapped["eval_returns"] == sequential["eval_returns"]
+    assert overlapped["eval_worker"]["platform"] == "cpu"
 
 
 def test_limits_follow_from_the_measured_times(bench_run):
@@ -101,7 +111,7 @@ def test_parse_args_defaults_and_lists():
     bench = parse_args(["--systems", "sim, sequential"])
     assert bench.systems == ("sim", "sequential")
     assert bench.preset == "ant-mlp" and bench.out_dir.endswith("ant-mlp")
-    assert parse_args([]).systems == ("brax", "sim", "sequential")
+    assert parse_args([]).systems == ("brax", "sim", "sequential", "overlapped")
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -1,14 +1,11 @@
 """Learning outcomes: a tiny env learns, and jaxrose's PPO matches brax's PPO run for run."""
 
-import functools
-
 import numpy as np
 import pytest
 
 from jaxrose import get_preset, train
+from jaxrose.bench import brax_jax_compat, brax_kwargs
 from jaxrose.config import replace
-
-from brax_compat import brax_compat
 
 BUDGET = 150_000
 
@@ -20,27 +17,15 @@ def point_mass_config(seed: int, out_dir: str):
 
 
 def brax_final_return(config) -> float:
-    """brax's PPO on the same env object with the same settings (see BENCHMARKS.md for the mapping)."""
+    """brax's PPO on the same env object with the settings mapped by the benchmark harness."""
     import envs
-    from brax.training.agents.ppo import networks as ppo_networks
     from brax.training.agents.ppo import train as brax_ppo
 
     evals = []
-    ppo, run = config.ppo, config.run
-    with brax_compat():
-        brax_ppo.train(
-            envs.make(config.env.name), num_timesteps=run.total_env_steps, num_evals=run.num_evals,
-            episode_length=config.env.episode_length, num_envs=config.env.num_envs, batch_size=ppo.batch_size,
-            num_minibatches=ppo.num_minibatches, unroll_length=ppo.unroll_length,
-            num_updates_per_batch=ppo.num_updates_per_batch, learning_rate=ppo.learning_rate,
-            entropy_cost=ppo.entropy_cost, discounting=ppo.discounting, gae_lambda=ppo.gae_lambda,
-            clipping_epsilon=ppo.clipping_epsilon, normalize_observations=ppo.normalize_observations,
-            reward_scaling=ppo.reward_scaling, num_eval_envs=run.num_eval_envs,
-            deterministic_eval=run.deterministic_eval, seed=run.seed, max_devices_per_host=1,
-            network_factory=functools.partial(ppo_networks.make_ppo_networks,
-                                              policy_hidden_layer_sizes=config.network.policy_hidden,
-                                              value_hidden_layer_sizes=config.network.value_hidden),
-            progress_fn=lambda step, metrics: evals.append(float(metrics["eval/episode_reward"])))
+    kwargs, _ = brax_kwargs(config)
+    with brax_jax_compat():
+        brax_ppo.train(envs.make(config.env.name), **kwargs,
+                       progress_fn=lambda step, metrics: evals.append(float(metrics["eval/episode_reward"])))
     return evals[-1]
 
 
