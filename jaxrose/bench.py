@@ -289,27 +289,35 @@ def steady_skip(config) -> int:
 
 
 def run_sequential(config, sampler) -> tuple[dict, Any]:
-    """jaxrose's sequential executor through `train`; returns the summary and the TrainResult."""
+    """jaxrose through `train`; returns the summary and the TrainResult.
+
+    The steady window runs from the dispatch of the first steady iteration to the moment the last
+    evaluation's result is in: for inline evaluation that is brax's window (end of the second
+    evaluation to end of the last); for evaluation in another process it also charges the wait for
+    the final evaluation, which training can no longer hide.
+    """
     from jaxrose.train import train
 
-    eval_times: list[float] = []
-
-    def on_metrics(step, metrics):
-        if "eval/episode_return" in metrics:
-            eval_times.append(sampler.mark(f"sequential/eval_{len(eval_times)}"))
-
     start = time.perf_counter()
-    result = train(config, callbacks=[on_metrics], write_outputs=False)
+    result = train(config, callbacks=[], write_outputs=False)
     total = time.perf_counter() - start
 
     steps = config.env_steps_per_iteration
     iteration_sps = [steps / s for s in result.iteration_seconds]
     skip = steady_skip(config)
     evals = result.evaluations
-    calls = [(t, e["env_steps"], e) for t, e in zip(eval_times, evals)]
-    summary = _steady_summary(iteration_sps[skip:], calls[1], calls[-1], sampler)
+    t0, t1 = result.iteration_start_times[skip], max(e["done_time"] for e in evals)
+    steady_steps = (config.num_iterations - skip) * steps
+    summary = {
+        "steady_sps": statistics.median(iteration_sps[skip:]),
+        "steady_env_steps": steady_steps,
+        "steady_wall_seconds": t1 - t0,
+        "steady_sps_with_evals": steady_steps / (t1 - t0),
+        "window": [t0, t1],
+        "sm": sampler.mean(t0, t1),
+    }
     summary.update(
-        status="ok", total_wall_seconds=total, seconds_to_steady=calls[1][0] - start, steady_skip_iterations=skip,
+        status="ok", total_wall_seconds=total, seconds_to_steady=t0 - start, steady_skip_iterations=skip,
         iteration_seconds=list(result.iteration_seconds), iteration_sps=iteration_sps,
         compile_seconds=result.compile_seconds,
         eval_seconds=[e["eval/walltime"] for e in evals], eval_returns=[e["eval/episode_return"] for e in evals],

@@ -38,6 +38,8 @@ class TrainResult:
     out_dir: str
     wall_seconds: float = float("nan")
     """From the first training iteration's dispatch to the last evaluation's result."""
+    iteration_start_times: list[float] = dataclasses.field(default_factory=list)
+    """`time.perf_counter()` at each iteration's dispatch; evaluations carry `done_time` likewise."""
     eval_worker: dict = dataclasses.field(default_factory=dict)
     """What the evaluation process reported at start (device, SM count), when evaluation ran there."""
 
@@ -102,7 +104,8 @@ class _TrainingLoop:
         return state
 
     def record_evaluation(self, iteration: int, result: dict) -> None:
-        self.evaluations.append({"iteration": iteration, "env_steps": iteration * self.steps_per_iteration, **result})
+        self.evaluations.append({"iteration": iteration, "env_steps": iteration * self.steps_per_iteration,
+                                 "done_time": time.perf_counter(), **result})
         self.emit(iteration, result)
 
     def start_evaluation(self, iteration: int, state: RunState) -> None:
@@ -139,6 +142,7 @@ class _TrainingLoop:
             self.start_evaluation(0, state)
 
         iteration_seconds: list[float] = []
+        start_times: list[float] = []
         wall_start = time.perf_counter()
         try:
             for iteration in range(start_iteration + 1, config.num_iterations + 1):
@@ -146,6 +150,7 @@ class _TrainingLoop:
                 # iteration already make dispatch wait for the device, so a deeper dispatch queue
                 # would overlap nothing and only blur per-iteration timing.
                 start = time.perf_counter()
+                start_times.append(start)
                 state, metrics = self.executor.step(state)
                 metrics = _scalars(jax.device_get(metrics))
                 seconds = time.perf_counter() - start
@@ -172,7 +177,7 @@ class _TrainingLoop:
                                 os.path.join(self.out_dir, "learning_curve.png"),
                                 title=f"{config.env.name}: PPO (jaxrose)")
         return TrainResult(state, self.executor, self.evaluations, iteration_seconds, compile_seconds, self.out_dir,
-                           wall_seconds, self.remote.worker.info if self.remote else {})
+                           wall_seconds, start_times, self.remote.worker.info if self.remote else {})
 
     def _close_outputs(self) -> None:
         for sink in self.sinks:
