@@ -1,4 +1,5 @@
-"""PPO as a pure learner: `init(key) -> LearnerState`, `update(LearnerState, Batch) -> (LearnerState, metrics)`.
+"""PPO's data types, loss and GAE. The learner (`init` / `update`) is built from these in
+`jaxrose.ppo_program`, as the learner stages of PPO's `Program`.
 
 Semantics are brax's PPO (`brax.training.agents.ppo`): observation statistics are updated with the
 whole batch before the epochs; each epoch shuffles the segments and splits them into minibatches;
@@ -117,43 +118,3 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     if config.max_grad_norm is None:
         return adam
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adam)
-
-
-def make_learner(net: ActorCritic, observation_size: int, config: PPOConfig) -> Learner:
-    optimizer = make_optimizer(config)
-    grad_fn = jax.grad(ppo_loss, has_aux=True)
-
-    def init(key: jax.Array) -> LearnerState:
-        params_key, learner_key = jax.random.split(key)
-        params = net.init(params_key)
-        return LearnerState(params, optimizer.init(params), normalization.init(observation_size), learner_key)
-
-    def minibatch_step(carry, minibatch, normalizer):
-        params, opt_state, key = carry
-        key, loss_key = jax.random.split(key)
-        grads, metrics = grad_fn(params, normalizer, minibatch, loss_key, net, config)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state, key), metrics
-
-    def epoch(carry, _, batch, normalizer):
-        params, opt_state, key = carry
-        key, perm_key, grad_key = jax.random.split(key, 3)
-        perm = jax.random.permutation(perm_key, batch.obs.shape[0])
-        shuffled = jax.tree.map(
-            lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
-        (params, opt_state, _), metrics = jax.lax.scan(
-            lambda c, mb: minibatch_step(c, mb, normalizer), (params, opt_state, grad_key), shuffled)
-        return (params, opt_state, key), metrics
-
-    def update(state: LearnerState, batch: Batch) -> tuple[LearnerState, dict]:
-        normalizer = state.normalizer
-        if config.normalize_observations:
-            normalizer = normalization.update(normalizer, batch.obs)
-        key, epoch_key = jax.random.split(state.key)
-        (params, opt_state, _), metrics = jax.lax.scan(
-            lambda c, x: epoch(c, x, batch, normalizer), (state.params, state.opt_state, epoch_key),
-            None, length=config.num_updates_per_batch)
-        metrics = jax.tree.map(jnp.mean, metrics)
-        return LearnerState(params, opt_state, normalizer, key), metrics
-
-    return Learner(init, update)

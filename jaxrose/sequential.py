@@ -1,8 +1,8 @@
 """The sequential executor: the reference schedule every optimized one is checked against.
 
-One training iteration is one jitted function (rollout → observation statistics → epochs ×
-minibatches), with no host sync inside. It is exposed as `init` / `step` / `run`; `step` has the
-same meaning as one brax PPO "training step".
+It runs the PPO `Program` (`jaxrose.ppo_program`) exactly as written: one jitted function per
+iteration (rollout → observation statistics → epochs × minibatches), no host sync inside. Exposed
+as `init` / `step` / `run`; `step` means one brax PPO "training step".
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import envs
 from envs.wrappers import wrap_for_training
 from jaxrose.config import TrainConfig
 from jaxrose.networks import make_actor_critic
-from jaxrose.ppo import LearnerState, make_learner
-from jaxrose.rollout import make_collect
+from jaxrose.ppo import LearnerState, make_optimizer
+from jaxrose.ppo_program import make_learner, make_ppo_program, rollout_nodes, run_state_to_program_state, to_batch
+from jaxrose.program import Program, run_program
 
 
 @struct.dataclass
@@ -32,7 +33,7 @@ class RunState:
 
 
 class SequentialExecutor:
-    def __init__(self, config: TrainConfig, env: envs.Env | None = None):
+    def __init__(self, config: TrainConfig, env: envs.Env | None = None, program: Program | None = None):
         self.config = config
         self.env = env if env is not None else envs.make(config.env.name)
         self.observation_size = int(self.env.observation_size)
@@ -42,8 +43,7 @@ class SequentialExecutor:
         self.net = make_actor_critic(self.observation_size, self.action_size, config.network,
                                      config.ppo.normalize_observations)
         self.learner = make_learner(self.net, self.observation_size, config.ppo)
-        self.collect = make_collect(self.train_env, self.net, config.ppo.unroll_length,
-                                    config.unrolls_per_iteration, config.ppo.bootstrap_on_truncation)
+        self.program = program or make_ppo_program(self.train_env, self.net, config, make_optimizer(config.ppo))
         self._init = jax.jit(self._init_impl)
         self._step = jax.jit(self._iteration, donate_argnums=0)
         self._compiled = None
@@ -58,14 +58,16 @@ class SequentialExecutor:
                         jnp.zeros((), jnp.int32))
 
     def _iteration(self, state: RunState) -> tuple[RunState, dict]:
-        key, collect_key = jax.random.split(state.key)
-        learner = state.learner
-        env_state, batch, episode_stats = self.collect(learner.params, learner.normalizer, state.env_state,
-                                                       collect_key)
-        learner, loss_metrics = self.learner.update(learner, batch)
-        metrics = {**{f"train/{k}": v for k, v in loss_metrics.items()},
-                   **{f"train/{k}": v for k, v in episode_stats.items()}}
-        return RunState(learner, env_state, key, state.iteration + 1), metrics
+        out = run_program(self.program, run_state_to_program_state(state))
+        learner = LearnerState(out["params"], out["opt_state"], out["normalizer"], out["learner_key"])
+        return RunState(learner, out["env_state"], out["key"], state.iteration + 1), out["metrics"]
+
+    def collect(self, params, normalizer, env_state, key):
+        """One iteration's rollout alone: (env_state, batch, episode stats), e.g. to time the learner."""
+        rollout = Program("rollout", rollout_nodes(self.train_env, self.net, self.config))
+        out = run_program(rollout, {"params": params, "normalizer": normalizer, "env_state": env_state, "key": key})
+        batch, stats = to_batch(out["unrolls"])
+        return out["env_state"], batch, stats
 
     def init(self, key: jax.Array) -> RunState:
         return self._init(key)
