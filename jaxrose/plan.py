@@ -1,0 +1,212 @@
+"""A `Plan`: how one iteration of a `Program` is cut into chunks and placed on processes.
+
+A chunk is a contiguous run of the program's top-level nodes, compiled as one jitted function; it
+runs in a named process (each process has an optional SM quota under MPS) and, when `deferred`,
+overlaps the next iteration instead of finishing this one (legal only if nothing in the next
+iteration reads what it writes). Plans are data: printable, saved as JSON, compared, drawn.
+
+Transformations are functions plan → plan; each checks its legality against the dataflow graph
+and raises `PlanError` naming the dependency it would break.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Optional
+
+from jaxrose.graph import ITERATION, DataflowGraph
+from jaxrose.program import Loop, Program, Stage
+
+PLAN_FORMAT = 1
+
+
+class PlanError(ValueError):
+    """An illegal or malformed plan; the message names the dependency or setting at fault."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    name: str
+    nodes: tuple[str, ...]
+    process: str = "main"
+    deferred: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    program: str
+    chunks: tuple[Chunk, ...]
+    num_groups: Optional[int] = None
+    """Env groups; None keeps the run's `env.num_groups`."""
+    quotas: tuple[tuple[str, Optional[int]], ...] = (("main", None),)
+    history: tuple[str, ...] = ()
+
+    @property
+    def processes(self) -> list[str]:
+        return list(dict.fromkeys(c.process for c in self.chunks))
+
+    def chunk(self, name: str) -> Chunk:
+        for chunk in self.chunks:
+            if chunk.name == name:
+                return chunk
+        raise PlanError(f"No chunk named {name!r}; chunks: {', '.join(c.name for c in self.chunks)}.")
+
+    def to_json(self) -> str:
+        return json.dumps({"format": PLAN_FORMAT, **dataclasses.asdict(self)}, indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        data = json.loads(text)
+        if data.pop("format", None) != PLAN_FORMAT:
+            raise PlanError(f"Plan file format is not {PLAN_FORMAT}; it was written by another jaxrose version. "
+                            f"Re-run `jaxrose tune` to make a new plan.")
+        chunks = tuple(Chunk(c["name"], tuple(c["nodes"]), c["process"], c["deferred"]) for c in data["chunks"])
+        return Plan(data["program"], chunks, data["num_groups"], tuple(tuple(q) for q in data["quotas"]),
+                    tuple(data["history"]))
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json())
+
+    @staticmethod
+    def load(path: str) -> "Plan":
+        with open(path) as f:
+            return Plan.from_json(f.read())
+
+    def __str__(self) -> str:
+        lines = [f"Plan for {self.program!r}: {len(self.chunks)} chunks, {len(self.processes)} processes, "
+                 f"{self.num_groups or 'configured'} env groups"]
+        quotas = dict(self.quotas)
+        for chunk in self.chunks:
+            quota = quotas.get(chunk.process)
+            lines.append(f"  {chunk.name:24s} process={chunk.process}"
+                         f"{f' ({quota}% SMs)' if quota else ''}{' deferred' if chunk.deferred else ''}: "
+                         f"{' → '.join(chunk.nodes)}")
+        if self.history:
+            lines.append("  transformations: " + "; ".join(self.history))
+        return "\n".join(lines)
+
+
+def top_level_names(program: Program) -> list[str]:
+    return [node.name for node in program.body]
+
+
+def stages_of(program: Program, node_names) -> list[str]:
+    """Stage names inside the given top-level nodes."""
+    wanted = set(node_names)
+    result = []
+    for node in program.body:
+        if node.name in wanted:
+            result.extend(s.name for s, _ in Program("", (node,)).stages())
+    return result
+
+
+def sequential_plan(program: Program) -> Plan:
+    """The reference: the whole iteration as one chunk in one process."""
+    return Plan(program.name, (Chunk("iteration", tuple(top_level_names(program))),))
+
+
+def validate(plan: Plan, program: Program, graph: DataflowGraph) -> None:
+    """Every top-level node in exactly one chunk, in program order; deferred chunks legal."""
+    order = [n for chunk in plan.chunks for n in chunk.nodes]
+    if order != top_level_names(program):
+        raise PlanError(f"Plan chunks must cover the program's nodes once each, in order: expected "
+                        f"{top_level_names(program)}, got {order}.")
+    for chunk in plan.chunks:
+        if chunk.deferred:
+            _check_deferrable(plan, program, graph, chunk)
+
+
+# -- transformations --------------------------------------------------------------------------------
+
+
+def split_chunk(plan: Plan, chunk_name: str, before: str) -> Plan:
+    """Cuts a chunk in two before one of its nodes (legal: order and data flow are unchanged)."""
+    chunk = plan.chunk(chunk_name)
+    if before not in chunk.nodes[1:]:
+        raise PlanError(f"Cannot split chunk {chunk_name!r} before {before!r}: it must be one of "
+                        f"{list(chunk.nodes[1:])}.")
+    i = chunk.nodes.index(before)
+    first = dataclasses.replace(chunk, nodes=chunk.nodes[:i])
+    second = dataclasses.replace(chunk, name=before, nodes=chunk.nodes[i:])
+    chunks = _replace_chunk(plan.chunks, chunk_name, (first, second))
+    return dataclasses.replace(plan, chunks=chunks, history=plan.history + (f"split {chunk_name} before {before}",))
+
+
+def fuse_chunks(plan: Plan, first: str, second: str) -> Plan:
+    """Merges two consecutive chunks of one process into one jitted call (fewer dispatches)."""
+    a, b = plan.chunk(first), plan.chunk(second)
+    names = [c.name for c in plan.chunks]
+    if names.index(second) != names.index(first) + 1:
+        raise PlanError(f"Only consecutive chunks fuse: {first!r} and {second!r} are not neighbours.")
+    if a.process != b.process or a.deferred != b.deferred:
+        raise PlanError(f"Chunks {first!r} and {second!r} run in different processes or iterations; "
+                        f"place them together before fusing.")
+    fused = dataclasses.replace(a, nodes=a.nodes + b.nodes)
+    chunks = tuple(c for c in _replace_chunk(plan.chunks, first, (fused,)) if c.name != second)
+    return dataclasses.replace(plan, chunks=chunks, history=plan.history + (f"fuse {first}+{second}",))
+
+
+def split_groups(plan: Plan, num_groups: int, num_envs: int) -> Plan:
+    """Lays the envs out as `num_groups` groups (vmapped); legal when the groups are equal."""
+    if num_groups < 1 or num_envs % num_groups:
+        raise PlanError(f"Cannot split {num_envs} envs into {num_groups} equal groups; choose a divisor of "
+                        f"env.num_envs.")
+    return dataclasses.replace(plan, num_groups=num_groups, history=plan.history + (f"groups={num_groups}",))
+
+
+def place(plan: Plan, chunk_name: str, process: str, sm_percentage: Optional[int] = None) -> Plan:
+    """Runs a chunk in another process (with an SM quota under MPS). Order and data flow are kept;
+    what crosses processes is carried by the transport."""
+    if sm_percentage is not None and not 1 <= sm_percentage <= 100:
+        raise PlanError(f"An SM quota is a percentage in [1, 100], got {sm_percentage}.")
+    chunk = dataclasses.replace(plan.chunk(chunk_name), process=process)
+    quotas = dict(plan.quotas)
+    quotas[process] = sm_percentage if sm_percentage is not None else quotas.get(process)
+    return dataclasses.replace(plan, chunks=_replace_chunk(plan.chunks, chunk_name, (chunk,)),
+                               quotas=tuple(quotas.items()),
+                               history=plan.history + (f"place {chunk_name} on {process}",))
+
+
+def defer(plan: Plan, program: Program, graph: DataflowGraph, chunk_name: str) -> Plan:
+    """Lets a chunk of iteration k run during iteration k+1 (off the critical path).
+
+    Legal only when no stage of iteration k+1 reads anything the chunk writes, directly or through
+    the chunks after it; in synchronous mode this refuses e.g. overlapping training k with rollout k+1.
+    """
+    chunk = dataclasses.replace(plan.chunk(chunk_name), deferred=True)
+    new = dataclasses.replace(plan, chunks=_replace_chunk(plan.chunks, chunk_name, (chunk,)),
+                              history=plan.history + (f"defer {chunk_name}",))
+    _check_deferrable(new, program, graph, chunk)
+    return new
+
+
+def _check_deferrable(plan: Plan, program: Program, graph: DataflowGraph, chunk: Chunk) -> None:
+    names = [c.name for c in plan.chunks]
+    later = [c for c in plan.chunks[names.index(chunk.name):]]
+    if any(not c.deferred for c in later):
+        blocking = next(c.name for c in later if not c.deferred)
+        raise PlanError(f"Chunk {chunk.name!r} cannot be deferred while chunk {blocking!r} after it is not: "
+                        f"{blocking!r} would have to wait for it anyway. Defer a tail of the iteration.")
+    stages = set(stages_of(program, chunk.nodes))
+    for edge in graph.iteration_carried():
+        if edge.src in stages and edge.src != edge.dst and edge.dst not in stages:
+            raise PlanError(f"Deferring {chunk.name!r} would break synchronous semantics: stage {edge.src!r} "
+                            f"writes {edge.name!r}, which {edge.dst!r} reads in the next iteration.")
+
+
+def _replace_chunk(chunks, name, replacement) -> tuple[Chunk, ...]:
+    out = []
+    for chunk in chunks:
+        out.extend(replacement if chunk.name == name else (chunk,))
+    return tuple(out)
+
+
+def chunk_program(program: Program, chunk: Chunk) -> Program:
+    nodes = {node.name: node for node in program.body}
+    return Program(f"{program.name}/{chunk.name}", tuple(nodes[n] for n in chunk.nodes))
+
+
+__all__ = ["Chunk", "Plan", "PlanError", "sequential_plan", "split_chunk", "fuse_chunks", "split_groups", "place",
+           "defer", "validate", "chunk_program", "ITERATION", "Loop", "Stage"]

@@ -1,0 +1,56 @@
+"""Runs a `Plan` in one process: each chunk its own jitted call, in dependency order.
+
+This is the checking ground for transformations: whatever a plan changes (chunking, groups,
+placement, deferral), run here it must give the same parameters as the sequential executor. The
+multi-process runtime runs the same chunks in the processes the plan names.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from jaxrose.config import TrainConfig, replace
+from jaxrose.graph import build_graph
+from jaxrose.plan import Plan, chunk_program, validate
+from jaxrose.ppo import LearnerState
+from jaxrose.ppo_program import ITERATION_INPUTS, run_state_to_program_state
+from jaxrose.program import run_program
+from jaxrose.sequential import RunState, SequentialExecutor
+
+
+class PlanExecutor(SequentialExecutor):
+    def __init__(self, config: TrainConfig, plan: Plan, env=None):
+        if plan.num_groups is not None:
+            config = replace(config, **{"env.num_groups": plan.num_groups})
+        super().__init__(config, env=env)
+        self.plan = plan
+        self.graph = build_graph(self.program, ITERATION_INPUTS)
+        validate(plan, self.program, self.graph)
+        self._chunk_fns = [jax.jit(_chunk_runner(chunk_program(self.program, chunk))) for chunk in plan.chunks]
+        self._compiled_chunks = None
+
+    def compile(self, state: RunState) -> float:
+        start = time.perf_counter()
+        values = jax.eval_shape(run_state_to_program_state, state)
+        compiled = []
+        for fn in self._chunk_fns:
+            compiled.append(fn.lower(values).compile())
+            values = jax.eval_shape(fn, values)
+        self._compiled_chunks = compiled
+        return time.perf_counter() - start
+
+    def step(self, state: RunState) -> tuple[RunState, dict]:
+        values = run_state_to_program_state(state)
+        for fn in self._compiled_chunks or self._chunk_fns:
+            values = fn(values)
+        learner = LearnerState(values["params"], values["opt_state"], values["normalizer"], values["learner_key"])
+        return RunState(learner, values["env_state"], values["key"], state.iteration + 1), values["metrics"]
+
+
+def _chunk_runner(program):
+    def run(values):
+        return run_program(program, values)
+
+    return run
