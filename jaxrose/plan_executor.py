@@ -21,10 +21,10 @@ from jaxrose.sequential import RunState, SequentialExecutor
 
 
 class PlanExecutor(SequentialExecutor):
-    def __init__(self, config: TrainConfig, plan: Plan, env=None):
+    def __init__(self, config: TrainConfig, plan: Plan, env=None, program=None):
         if plan.num_groups is not None:
             config = replace(config, **{"env.num_groups": plan.num_groups})
-        super().__init__(config, env=env)
+        super().__init__(config, env=env, program=program)
         self.plan = plan
         self.graph = build_graph(self.program, ITERATION_INPUTS)
         validate(plan, self.program, self.graph)
