@@ -71,8 +71,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from envs.registry import UnknownEnvironmentError
     from jaxrose.checkpoint import CheckpointError
     from jaxrose.config import ConfigError
+    from jaxrose.plan import PlanError
+    from jaxrose.workers import WorkerError
 
-    return (ConfigError, CheckpointError, UnknownEnvironmentError)
+    return (ConfigError, CheckpointError, UnknownEnvironmentError, PlanError, WorkerError)
 
 
 def _dispatch(command: str, args: list[str]) -> None:

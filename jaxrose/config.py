@@ -128,6 +128,8 @@ class RunConfig:
     """SM quota of the evaluation process under MPS (None: no cap)."""
     use_mps: bool = True
     """Use a private MPS daemon for worker processes when the machine offers one."""
+    plan: Optional[str] = None
+    """A plan file (JSON, from `Plan.save` or the planner) to run instead of the sequential schedule."""
 
     def __post_init__(self):
         _require(self.total_env_steps > 0, f"run.total_env_steps must be > 0, got {self.total_env_steps}.")

@@ -135,3 +135,31 @@ class MpsDaemon:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True) -> dict[str, dict[str, str]]:
+    """Makes this process and the workers to come MPS clients of a private daemon, when possible.
+
+    `quotas` maps each worker's name to its SM percentage (None: no cap). Returns each worker's
+    environment. This process (the controller, which also trains) attaches only if it has not
+    initialised its GPU yet; otherwise, or without MPS, everyone shares the GPU by time slicing and
+    a warning says why. The daemon stops by itself once this process exits.
+    """
+    import warnings
+
+    from jax._src import xla_bridge
+
+    envs = {name: {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} for name in quotas}  # the trainer holds most memory
+    reason = unavailable_reason() if enabled else "MPS is switched off (run.use_mps)"
+    if reason is None and xla_bridge.backends_are_initialized():
+        reason = ("this process initialised its GPU before the MPS daemon could start; start training in a "
+                  "fresh process (e.g. the `jaxrose train` command)")
+    daemon = MpsDaemon()
+    if reason is None and daemon.start():
+        os.environ.update(daemon.client_env())
+        for name, quota in quotas.items():
+            envs[name].update(daemon.client_env(quota))
+        daemon.stop_when_process_exits(os.getpid())
+    elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
+        warnings.warn(f"Worker processes share the GPU without MPS: {reason}.", stacklevel=3)
+    return envs

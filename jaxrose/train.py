@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import time
-import warnings
 from typing import Iterable, Mapping, Optional
 
 import jax
@@ -23,7 +22,10 @@ from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import TrainConfig
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
-from jaxrose.mps import MpsDaemon, gpu_count, unavailable_reason
+from jaxrose.mps import prepare_clients
+from jaxrose.plan import Plan
+from jaxrose.plan_executor import PlanExecutor
+from jaxrose.runtime import MAIN, MultiProcessPlanExecutor
 from jaxrose.plotting import plot_learning_curve
 from jaxrose.sequential import RunState, SequentialExecutor
 
@@ -59,13 +61,28 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     Outputs (metrics.jsonl, TensorBoard events, checkpoints/, learning_curve.png) go to
     `config.run.out_dir` when `write_outputs` is true.
     """
-    # The evaluation process (and MPS) must start before this process touches its GPU.
-    remote = _start_process_evaluator(config) if config.run.eval_mode == "process" else None
+    # Worker processes (and MPS) must be set up before this process touches its GPU.
+    plan = Plan.load(config.run.plan) if config.run.plan else None
+    helpers = {p: q for p, q in (plan.quotas if plan else ()) if p != MAIN and p in plan.processes}
+    evaluating_remotely = config.run.eval_mode == "process"
+    worker_envs = {}
+    if helpers or evaluating_remotely:
+        quotas = {**helpers, **({"evaluator": config.run.eval_sm_percentage} if evaluating_remotely else {})}
+        worker_envs = prepare_clients(quotas, config.run.use_mps)
+    remote = None
     try:
+        if evaluating_remotely:
+            remote = ProcessEvaluator(config, worker_envs["evaluator"])
+            remote.start()
+        if executor is None and plan is not None:
+            executor = (MultiProcessPlanExecutor(config, plan, worker_env=worker_envs) if helpers
+                        else PlanExecutor(config, plan))
         return _TrainingLoop(config, list(callbacks), executor, write_outputs, remote).run()
     finally:
         if remote is not None:
             remote.close()
+        if executor is not None and hasattr(executor, "close"):
+            executor.close()
 
 
 class _TrainingLoop:
@@ -121,9 +138,14 @@ class _TrainingLoop:
         self.record_evaluation(iteration, result)
 
     def collect_remote(self, wait: bool) -> None:
+        """Results computed in other processes: evaluations, and the outputs of a plan's helper chunks."""
         if self.remote is not None:
             for iteration, result in (self.remote.drain() if wait else self.remote.finished()):
                 self.record_evaluation(iteration, result)
+        if hasattr(self.executor, "results"):
+            for _, iteration, outputs, _ in (self.executor.drain() if wait else self.executor.results()):
+                if "metrics" in outputs:
+                    self.emit(iteration + 1, _scalars(outputs["metrics"]))
 
     def save(self, iteration: int, state: RunState) -> None:
         if self.checkpointer is not None:
@@ -189,36 +211,3 @@ class _TrainingLoop:
 
 def _scalars(metrics: Mapping) -> dict[str, float]:
     return {k: float(np.asarray(v)) for k, v in metrics.items()}
-
-
-def _start_process_evaluator(config: TrainConfig) -> ProcessEvaluator:
-    """Starts the evaluation worker, under a private MPS daemon when the GPU offers one.
-
-    This process trains, so it must be an MPS client too, which is possible only if it has not
-    initialised its GPU yet; otherwise the two processes share the GPU by time slicing (a warning).
-    """
-    worker_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # the trainer already holds most memory
-    reason = unavailable_reason() if config.run.use_mps else "run.use_mps is off"
-    if reason is None and _jax_backend_initialized():
-        reason = ("this process initialised its GPU before the MPS daemon could start; run training in a "
-                  "fresh process (e.g. the `jaxrose train` command) to overlap evaluation under MPS")
-    daemon = MpsDaemon()
-    if reason is None and daemon.start():
-        os.environ.update(daemon.client_env())  # this process, the trainer, attaches too
-        worker_env.update(daemon.client_env(config.run.eval_sm_percentage))
-        daemon.stop_when_process_exits(os.getpid())
-    elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
-        warnings.warn(f"Evaluation runs in a separate process without MPS: {reason}.", stacklevel=3)
-    evaluator = ProcessEvaluator(config, worker_env)
-    try:
-        evaluator.start()
-    except BaseException:
-        evaluator.close()
-        raise
-    return evaluator
-
-
-def _jax_backend_initialized() -> bool:
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()

@@ -1,0 +1,125 @@
+"""The multi-process runtime with real spawned processes and shared-memory transport."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrose.graph import build_graph
+from jaxrose.plan import PlanError, defer, place, sequential_plan, split_chunk
+from jaxrose.ppo_program import ITERATION_INPUTS
+from jaxrose.runtime import MultiProcessPlanExecutor
+from jaxrose.sequential import SequentialExecutor
+from jaxrose.transport import SharedTree, SharedTreeReader, measure_round_trip
+from jaxrose.workers import WorkerError
+
+
+def shm_segments() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def metrics_on_helper_plan(config):
+    program = SequentialExecutor(config).program
+    graph = build_graph(program, ITERATION_INPUTS)
+    plan = split_chunk(sequential_plan(program), "iteration", "reduce_metrics")
+    return defer(place(plan, "reduce_metrics", "helper"), program, graph, "reduce_metrics")
+
+
+def test_transport_round_trip_is_exact():
+    tree = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": (np.int32(7), np.ones((2, 0)))}
+    writer, reader = SharedTree(), SharedTreeReader()
+    try:
+        for scale in (1, 2):
+            out = reader.read(writer.write(jax.tree.map(lambda x: x * scale, tree)))
+            np.testing.assert_array_equal(out["a"], tree["a"] * scale)
+            assert int(out["b"][0]) == 7 * scale and out["b"][1].shape == (2, 0)
+    finally:
+        reader.close()
+        writer.close()
+    cost = measure_round_trip({"x": np.zeros((4096, 87), np.float32)}, repeats=5)
+    assert cost["bytes"] == 4096 * 87 * 4 and cost["median_seconds"] > 0
+
+
+def test_multi_process_run_equals_sequential(tiny_config):
+    before = shm_segments()
+    sequential = SequentialExecutor(tiny_config)
+    state = sequential.init(jax.random.PRNGKey(2))
+    expected_metrics = []
+    for _ in range(3):
+        state, metrics = sequential.step(state)
+        expected_metrics.append(jax.device_get(metrics))
+
+    runtime = MultiProcessPlanExecutor(tiny_config, metrics_on_helper_plan(tiny_config))
+    try:
+        other = runtime.init(jax.random.PRNGKey(2))
+        runtime.compile(other)
+        for _ in range(3):
+            other, main_metrics = runtime.step(other)
+            assert main_metrics == {}  # metrics are the helper's now
+        results = runtime.drain()
+    finally:
+        runtime.close()
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(other), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [(p, k) for p, k, _, _ in results] == [("helper", 0), ("helper", 1), ("helper", 2)]
+    for (_, k, outputs, _), expected in zip(results, expected_metrics):
+        assert outputs["metrics"] == expected, k
+    assert not runtime.helpers
+    assert shm_segments() == before  # no shared memory left behind
+
+
+def test_killed_helper_is_a_clear_error(tiny_config):
+    runtime = MultiProcessPlanExecutor(tiny_config, metrics_on_helper_plan(tiny_config), timeout=30)
+    try:
+        state = runtime.init(jax.random.PRNGKey(0))
+        state, _ = runtime.step(state)
+        runtime.drain()
+        os.kill(runtime.helpers["helper"].process.pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"helper \(pid \d+\) died"):
+            for _ in range(3):
+                state, _ = runtime.step(state)
+            runtime.drain()
+    finally:
+        runtime.close()
+    assert not runtime.helpers
+
+
+def test_critical_path_chunk_on_a_helper_is_refused(tiny_config):
+    program = SequentialExecutor(tiny_config).program
+    plan = place(split_chunk(sequential_plan(program), "iteration", "epoch"), "epoch", "learner")
+    with pytest.raises(PlanError, match="keeps the critical path in the main process"):
+        MultiProcessPlanExecutor(tiny_config, plan)
+
+
+def test_train_with_a_saved_plan(tiny_config, tmp_path):
+    """`run.plan` runs the plan's chunks in their processes; the run equals the sequential one and
+    the metrics computed on the helper reach metrics.jsonl."""
+    import json
+
+    from jaxrose import train
+    from jaxrose.config import replace
+
+    plan_path = tmp_path / "plan.json"
+    metrics_on_helper_plan(tiny_config).save(str(plan_path))
+    plain = train(replace(tiny_config, **{"run.out_dir": str(tmp_path / "plain")}))
+    planned = train(replace(tiny_config, **{"run.out_dir": str(tmp_path / "planned"), "run.plan": str(plan_path)}))
+    for a, b in zip(jax.tree.leaves(plain.state), jax.tree.leaves(planned.state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    records = [json.loads(line) for line in (tmp_path / "planned" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/total_loss"] for r in records if "train/total_loss" in r]
+    plain_records = [json.loads(line) for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert losses == [r["train/total_loss"] for r in plain_records if "train/total_loss" in r]
+    assert len(losses) == tiny_config.num_iterations
+
+
+def test_plan_for_another_program_is_refused(tiny_config, tmp_path):
+    from jaxrose import train
+    from jaxrose.config import replace
+    from jaxrose.plan import Chunk, Plan
+
+    plan_path = tmp_path / "plan.json"
+    Plan("ppo", (Chunk("all", ("not_a_stage",)),)).save(str(plan_path))
+    with pytest.raises(PlanError, match="cover the program's nodes once each"):
+        train(replace(tiny_config, **{"run.out_dir": str(tmp_path / "o"), "run.plan": str(plan_path)}))
