@@ -172,8 +172,8 @@ def place(plan: Plan, chunk_name: str, process: str, sm_percentage: Optional[int
 def defer(plan: Plan, program: Program, graph: DataflowGraph, chunk_name: str) -> Plan:
     """Lets a chunk of iteration k run during iteration k+1 (off the critical path).
 
-    Legal only when no stage of iteration k+1 reads anything the chunk writes, directly or through
-    the chunks after it; in synchronous mode this refuses e.g. overlapping training k with rollout k+1.
+    Legal only when nothing in a later iteration reads what the chunk writes (it is off the critical
+    path: evaluation, logging, checkpoints); this refuses e.g. overlapping training k with rollout k+1.
     """
     chunk = dataclasses.replace(plan.chunk(chunk_name), deferred=True)
     new = dataclasses.replace(plan, chunks=_replace_chunk(plan.chunks, chunk_name, (chunk,)),
@@ -191,7 +191,7 @@ def _check_deferrable(plan: Plan, program: Program, graph: DataflowGraph, chunk:
                         f"{blocking!r} would have to wait for it anyway. Defer a tail of the iteration.")
     stages = set(stages_of(program, chunk.nodes))
     for edge in graph.iteration_carried():
-        if edge.src in stages and edge.src != edge.dst and edge.dst not in stages:
+        if edge.src in stages:
             raise PlanError(f"Deferring {chunk.name!r} would break synchronous semantics: stage {edge.src!r} "
                             f"writes {edge.name!r}, which {edge.dst!r} reads in the next iteration.")
 
