@@ -99,6 +99,35 @@ class AutoResetWrapper(Wrapper):
         return state.replace(pipeline_state=pipeline_state, obs=obs, info=info)
 
 
+class HistoryWrapper(Wrapper):
+    """The observation becomes the last `length` observations, oldest first, flattened.
+
+    The history lives in the env state itself (`obs`), so it travels with each env group, is reset
+    by auto-reset (which restores the first, history-filled observation) and is checkpointed. The
+    wrapped env must not read `state.obs` in `step` (brax's and jaxrose's envs don't).
+    """
+
+    def __init__(self, env: Env, length: int):
+        super().__init__(env)
+        if length < 1:
+            raise ValueError(f"History length must be >= 1, got {length}.")
+        self.length = length
+
+    @property
+    def observation_size(self) -> int:
+        return self.length * self.env.observation_size
+
+    def reset(self, key: jax.Array) -> State:
+        state = self.env.reset(key)
+        return state.replace(obs=jnp.tile(state.obs, self.length))
+
+    def step(self, state: State, action: jax.Array) -> State:
+        history = state.obs
+        state = self.env.step(state, action)
+        size = self.env.observation_size
+        return state.replace(obs=jnp.concatenate([history[size:], state.obs]))
+
+
 class GroupWrapper(Wrapper):
     """Lays envs out as `[groups, envs_per_group, ...]` and vmaps reset/step over both axes.
 

@@ -47,17 +47,32 @@ class EnvConfig:
 
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
-    """Policy and value networks (brax's PPO defaults)."""
+    """Policy and value networks (brax's PPO defaults), or an inference-heavy transformer policy."""
 
     policy_hidden: tuple[int, ...] = (32, 32, 32, 32)
+    """MLP policy layer widths (wide values, e.g. 2048 2048 2048, make inference heavy)."""
     value_hidden: tuple[int, ...] = (256, 256, 256, 256, 256)
     activation: Literal["swish", "relu", "tanh", "elu"] = "swish"
+    policy: Literal["mlp", "transformer"] = "mlp"
+    """transformer: a causal transformer over the last `history` observations, standing in for the
+    large policies of embodied RL."""
+    history: int = 1
+    """Observations the policy sees: the env group keeps the last `history` observations (oldest first)."""
+    transformer_depth: int = 2
+    transformer_width: int = 128
+    transformer_heads: int = 4
 
     def __post_init__(self):
         for field in ("policy_hidden", "value_hidden"):
             sizes = getattr(self, field)
             _require(len(sizes) >= 1 and all(s >= 1 for s in sizes),
                      f"network.{field} must be a non-empty list of positive layer widths, got {sizes}.")
+        _require(self.history >= 1, f"network.history must be >= 1, got {self.history}.")
+        for field in ("transformer_depth", "transformer_width", "transformer_heads"):
+            _require(getattr(self, field) >= 1, f"network.{field} must be >= 1, got {getattr(self, field)}.")
+        _require(self.transformer_width % self.transformer_heads == 0,
+                 f"network.transformer_width ({self.transformer_width}) must be divisible by "
+                 f"network.transformer_heads ({self.transformer_heads}).")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,11 +23,11 @@ log = logging.getLogger(__name__)
 
 def _serve(conn, config: TrainConfig) -> None:
     """Worker side: build the evaluator once, then evaluate whatever parameters arrive."""
-    import envs
     from jaxrose.evaluation import evaluation_key, make_evaluate
     from jaxrose.networks import make_actor_critic
+    from jaxrose.sequential import make_env
 
-    env = envs.make(config.env.name)
+    env = make_env(config)
     net = make_actor_critic(env.observation_size, env.action_size, config.network, config.ppo.normalize_observations)
     evaluate = make_evaluate(env, net, config.run.num_eval_envs, config.env.episode_length,
                              config.run.deterministic_eval)

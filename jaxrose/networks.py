@@ -31,6 +31,35 @@ class MLP(nn.Module):
         return x
 
 
+class CausalTransformer(nn.Module):
+    """A causal transformer over `history` observation tokens; the last token's output is the head.
+
+    Pre-norm blocks (attention, then a 4× MLP), learned positions. It stands in for the large
+    vision-language-action policies of embodied RL: its inference cost is set by depth × width ×
+    history, independently of the task.
+    """
+
+    history: int
+    depth: int
+    width: int
+    heads: int
+    out_size: int
+
+    @nn.compact
+    def __call__(self, obs):
+        tokens = obs.reshape(obs.shape[:-1] + (self.history, obs.shape[-1] // self.history))
+        x = nn.Dense(self.width, name="embed")(tokens)
+        x = x + self.param("positions", nn.initializers.normal(0.02), (self.history, self.width))
+        mask = nn.make_causal_mask(jnp.ones(tokens.shape[:-1], dtype=jnp.int32))
+        for i in range(self.depth):
+            y = nn.LayerNorm(name=f"ln_attn_{i}")(x)
+            x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, name=f"attn_{i}")(y, y, mask=mask)
+            y = nn.LayerNorm(name=f"ln_mlp_{i}")(x)
+            y = nn.Dense(4 * self.width, name=f"mlp_up_{i}")(y)
+            x = x + nn.Dense(self.width, name=f"mlp_down_{i}")(nn.gelu(y))
+        return nn.Dense(self.out_size, name="head")(nn.LayerNorm(name="ln_out")(x[..., -1, :]))
+
+
 class Params(NamedTuple):
     policy: Any
     value: Any
@@ -49,7 +78,14 @@ class ActorCritic(NamedTuple):
 def make_actor_critic(observation_size: int, action_size: int, config: NetworkConfig,
                       normalize_observations: bool = True) -> ActorCritic:
     activation = ACTIVATIONS[config.activation]
-    policy_net = MLP(list(config.policy_hidden) + [2 * action_size], activation)
+    if config.policy == "transformer":
+        if observation_size % config.history:
+            raise ValueError(f"The observation size {observation_size} is not {config.history} (network.history) "
+                             f"whole observations; wrap the env with HistoryWrapper(env, network.history).")
+        policy_net = CausalTransformer(config.history, config.transformer_depth, config.transformer_width,
+                                       config.transformer_heads, 2 * action_size)
+    else:
+        policy_net = MLP(list(config.policy_hidden) + [2 * action_size], activation)
     value_net = MLP(list(config.value_hidden) + [1], activation)
     preprocess = normalization.normalize if normalize_observations else (lambda stats, obs: obs)
 

@@ -40,6 +40,34 @@ PRESETS: dict[str, TrainConfig] = {
         run=RunConfig(total_env_steps=50_000_000, num_evals=11, num_eval_envs=128, seed=1,
                       deterministic_eval=False, out_dir="runs/humanoid-mlp"),
     ),
+    "point-mass-transformer": TrainConfig(
+        env=EnvConfig(name="point_mass", num_envs=256, episode_length=200),
+        network=NetworkConfig(policy="transformer", history=4, transformer_depth=2, transformer_width=32,
+                              transformer_heads=2, value_hidden=(64, 64)),
+        ppo=PPOConfig(unroll_length=10, batch_size=64, num_minibatches=8, num_updates_per_batch=4,
+                      learning_rate=1e-3, entropy_cost=1e-3, discounting=0.97),
+        run=RunConfig(total_env_steps=600_000, num_evals=11, num_eval_envs=64, out_dir="runs/point-mass-transformer"),
+    ),
+    # brax's published pusher settings, with an inference-heavy policy: a 4-layer, 256-wide causal
+    # transformer over the last 8 observations.
+    "pusher-transformer": TrainConfig(
+        env=EnvConfig(name="pusher", num_envs=2048, episode_length=1000),
+        network=NetworkConfig(policy="transformer", history=8, transformer_depth=4, transformer_width=256,
+                              transformer_heads=8),
+        ppo=PPOConfig(unroll_length=30, batch_size=512, num_minibatches=16, num_updates_per_batch=8,
+                      learning_rate=3e-4, entropy_cost=1e-2, discounting=0.95, reward_scaling=5.0),
+        run=RunConfig(total_env_steps=50_000_000, num_evals=11, num_eval_envs=128, seed=1,
+                      deterministic_eval=False, out_dir="runs/pusher-transformer"),
+    ),
+    # brax's ant settings with a wide MLP policy (3 × 2048): inference-heavy without attention.
+    "ant-wide-mlp": TrainConfig(
+        env=EnvConfig(name="ant", num_envs=4096, episode_length=1000),
+        network=NetworkConfig(policy_hidden=(2048, 2048, 2048)),
+        ppo=PPOConfig(unroll_length=5, batch_size=2048, num_minibatches=32, num_updates_per_batch=4,
+                      learning_rate=3e-4, entropy_cost=1e-2, discounting=0.97, reward_scaling=10.0),
+        run=RunConfig(total_env_steps=50_000_000, num_evals=11, num_eval_envs=128, seed=1,
+                      deterministic_eval=False, out_dir="runs/ant-wide-mlp"),
+    ),
 }
 
 DEFAULT_PRESET = "pendulum"

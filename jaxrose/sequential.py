@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import struct
 
 import envs
-from envs.wrappers import wrap_for_training
+from envs.wrappers import HistoryWrapper, wrap_for_training
 from jaxrose.config import TrainConfig
 from jaxrose.networks import make_actor_critic
 from jaxrose.ppo import LearnerState, make_optimizer
@@ -32,10 +32,16 @@ class RunState:
     iteration: jax.Array
 
 
+def make_env(config: TrainConfig) -> envs.Env:
+    """The run's single env: the registered task, with the policy's observation history if it has one."""
+    env = envs.make(config.env.name)
+    return HistoryWrapper(env, config.network.history) if config.network.history > 1 else env
+
+
 class SequentialExecutor:
     def __init__(self, config: TrainConfig, env: envs.Env | None = None, program: Program | None = None):
         self.config = config
-        self.env = env if env is not None else envs.make(config.env.name)
+        self.env = env if env is not None else make_env(config)
         self.observation_size = int(self.env.observation_size)
         self.action_size = int(self.env.action_size)
         self.train_env = wrap_for_training(self.env, config.env.episode_length, config.env.num_groups,
