@@ -57,13 +57,16 @@ class Worker:
         self.info: dict = {}
 
     def start(self, ready_timeout: float = 300.0) -> dict:
+        """Starts the process and waits until it is ready; `info['start_seconds']` is what starting
+        cost (under MPS, the price of changing a worker's fixed SM quota by restarting it)."""
+        start = time.perf_counter()
         with _environment(self.env):
             self.process.start()
         self._child_conn.close()
         kind, *payload = self.receive(ready_timeout)
         if kind != "ready":
             raise WorkerError(f"Worker {self.name} sent {kind!r} before it was ready.")
-        self.info = payload[0]
+        self.info = {**payload[0], "start_seconds": time.perf_counter() - start}
         return self.info
 
     def send(self, message: Any) -> None:
