@@ -143,6 +143,9 @@ class RunConfig:
     """SM quota of the evaluation process under MPS (None: no cap)."""
     use_mps: bool = True
     """Use a private MPS daemon for worker processes when the machine offers one."""
+    devices: int = 1
+    """Local devices to spread env groups over (data parallel: env state sharded by group, gradients
+    reduced by XLA's collectives). env.num_groups must be a multiple of it."""
     plan: Optional[str] = None
     """A plan file (JSON, from `Plan.save` or the planner) to run instead of the sequential schedule."""
 
@@ -153,6 +156,7 @@ class RunConfig:
         _require(self.checkpoint_every >= 0, f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}.")
         _require(self.eval_sm_percentage is None or 1 <= self.eval_sm_percentage <= 100,
                  f"run.eval_sm_percentage must be a percentage in [1, 100], got {self.eval_sm_percentage}.")
+        _require(self.devices >= 1, f"run.devices must be >= 1, got {self.devices}.")
         _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
 
 
@@ -171,6 +175,12 @@ class TrainConfig:
                  f"ppo.batch_size * ppo.num_minibatches ({self.ppo.batch_size} * {self.ppo.num_minibatches} "
                  f"= {segments}) must be a multiple of env.num_envs ({num_envs}): every env contributes the "
                  f"same number of unrolls per iteration. Change ppo.batch_size or env.num_envs.")
+        self._check_devices()
+
+    def _check_devices(self) -> None:
+        _require(self.env.num_groups % self.run.devices == 0,
+                 f"env.num_groups ({self.env.num_groups}) must be a multiple of run.devices ({self.run.devices}): "
+                 f"each device holds whole env groups. Set env.num_groups to a multiple of run.devices.")
 
     @property
     def unrolls_per_iteration(self) -> int:

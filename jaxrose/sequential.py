@@ -11,11 +11,12 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 import envs
 from envs.wrappers import HistoryWrapper, wrap_for_training
-from jaxrose.config import TrainConfig
+from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.networks import make_actor_critic
 from jaxrose.ppo import LearnerState, make_optimizer
 from jaxrose.ppo_program import make_learner, make_ppo_program, rollout_nodes, run_state_to_program_state, to_batch
@@ -50,9 +51,34 @@ class SequentialExecutor:
                                      config.ppo.normalize_observations)
         self.learner = make_learner(self.net, self.observation_size, config.ppo)
         self.program = program or make_ppo_program(self.train_env, self.net, config, make_optimizer(config.ppo))
-        self._init = jax.jit(self._init_impl)
-        self._step = jax.jit(self._iteration, donate_argnums=0)
         self._compiled = None
+        if config.run.devices == 1:
+            self._init = jax.jit(self._init_impl)
+            self._step = jax.jit(self._iteration, donate_argnums=0)
+            return
+        # Data parallel over local devices: env groups sharded along the group axis, the learner
+        # replicated; XLA inserts the collectives (gradient and statistics reductions).
+        state_sharding = self.state_sharding()
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self._init = jax.jit(self._init_impl, out_shardings=state_sharding)
+        self._step = jax.jit(self._iteration, donate_argnums=0, in_shardings=(state_sharding,),
+                             out_shardings=(state_sharding, replicated))
+
+    def state_sharding(self):
+        """Shardings of a RunState: env state split by group over `run.devices` local devices."""
+        devices = self.config.run.devices
+        if jax.local_device_count() < devices:
+            raise ConfigError(f"run.devices is {devices} but this process sees {jax.local_device_count()} "
+                              f"local device(s); lower run.devices.")
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        self.mesh = Mesh(np.array(jax.local_devices()[:devices]), ("groups",))
+        by_group, replicated = NamedSharding(self.mesh, PartitionSpec("groups")), NamedSharding(self.mesh, PartitionSpec())
+        shapes = jax.eval_shape(self._init_impl, jax.random.PRNGKey(0))
+        return shapes.replace(
+            learner=jax.tree.map(lambda _: replicated, shapes.learner),
+            env_state=jax.tree.map(lambda x: by_group if x.ndim >= 1 else replicated, shapes.env_state),
+            key=replicated, iteration=replicated)
 
     @property
     def env_steps_per_iteration(self) -> int:
