@@ -60,11 +60,16 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     command, args = argv[0], argv[1:]
+    from jaxrose.train import TerminatedError
+
     try:
         _dispatch(command, args)
     except _user_errors() as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except TerminatedError as error:
+        print(f"stopped: {error}", file=sys.stderr)
+        raise SystemExit(143) from None
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -72,9 +77,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from jaxrose.checkpoint import CheckpointError
     from jaxrose.config import ConfigError
     from jaxrose.plan import PlanError
+    from jaxrose.train import NonFiniteError
     from jaxrose.workers import WorkerError
 
-    return (ConfigError, CheckpointError, UnknownEnvironmentError, PlanError, WorkerError)
+    return (ConfigError, CheckpointError, UnknownEnvironmentError, PlanError, WorkerError, NonFiniteError)
 
 
 def _dispatch(command: str, args: list[str]) -> None:

@@ -17,7 +17,7 @@ from jaxrose.plan import Plan, chunk_program, validate
 from jaxrose.ppo import LearnerState
 from jaxrose.ppo_program import ITERATION_INPUTS, run_state_to_program_state
 from jaxrose.program import run_program
-from jaxrose.sequential import RunState, SequentialExecutor
+from jaxrose.sequential import RunState, SequentialExecutor, health
 
 
 class PlanExecutor(SequentialExecutor):
@@ -46,7 +46,8 @@ class PlanExecutor(SequentialExecutor):
         for fn in self._compiled_chunks or self._chunk_fns:
             values = fn(values)
         learner = LearnerState(values["params"], values["opt_state"], values["normalizer"], values["learner_key"])
-        return RunState(learner, values["env_state"], values["key"], state.iteration + 1), values["metrics"]
+        return RunState(learner, values["env_state"], values["key"], state.iteration + 1), {**values["metrics"],
+                                                                                           **health(values)}
 
 
 def _chunk_runner(program):

@@ -20,7 +20,7 @@ from jaxrose.config import TrainConfig
 from jaxrose.plan import Plan, PlanError, chunk_program
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.program import Program, run_program, writes_of
-from jaxrose.sequential import RunState, SequentialExecutor
+from jaxrose.sequential import RunState, SequentialExecutor, health
 from jaxrose.transport import SharedTree, SharedTreeReader
 from jaxrose.workers import Worker
 
@@ -114,7 +114,7 @@ class MultiProcessPlanExecutor(PlanExecutor):
         for process, worker in self.helpers.items():
             self._send(process, worker, iteration, {name: values[name] for name in self._inputs[process]})
         new_state = self._run_state(values, state)
-        return new_state, values.get("metrics", {})
+        return new_state, {**values.get("metrics", {}), **health(values)}
 
     def _run_state(self, values, state) -> RunState:
         from jaxrose.ppo import LearnerState

@@ -33,6 +33,18 @@ class RunState:
     iteration: jax.Array
 
 
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def health(out: dict) -> dict:
+    """1.0 where a stage's output is finite: the training loop stops on the first 0 and names the stage."""
+    batch = out["batch"]
+    return {"health/env_step_observations": _all_finite(batch.obs).astype(jnp.float32),
+            "health/env_step_rewards": _all_finite(batch.reward).astype(jnp.float32),
+            "health/sgd_step_params": _all_finite(out["params"]).astype(jnp.float32)}
+
+
 def make_env(config: TrainConfig) -> envs.Env:
     """The run's single env: the registered task, with the policy's observation history if it has one."""
     env = envs.make(config.env.name)
@@ -92,7 +104,7 @@ class SequentialExecutor:
     def _iteration(self, state: RunState) -> tuple[RunState, dict]:
         out = run_program(self.program, run_state_to_program_state(state))
         learner = LearnerState(out["params"], out["opt_state"], out["normalizer"], out["learner_key"])
-        return RunState(learner, out["env_state"], out["key"], state.iteration + 1), out["metrics"]
+        return RunState(learner, out["env_state"], out["key"], state.iteration + 1), {**out["metrics"], **health(out)}
 
     def collect(self, params, normalizer, env_state, key):
         """One iteration's rollout alone: (env_state, batch, episode stats), e.g. to time the learner."""

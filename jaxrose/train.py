@@ -30,6 +30,14 @@ from jaxrose.plotting import plot_learning_curve
 from jaxrose.sequential import RunState, SequentialExecutor
 
 
+class NonFiniteError(RuntimeError):
+    """Training produced NaN or Inf; the message names the stage, and no checkpoint holds the bad state."""
+
+
+class TerminatedError(KeyboardInterrupt):
+    """SIGTERM arrived: the loop saved a checkpoint and stopped."""
+
+
 @dataclasses.dataclass
 class TrainResult:
     state: RunState
@@ -166,6 +174,7 @@ class _TrainingLoop:
         iteration_seconds: list[float] = []
         start_times: list[float] = []
         wall_start = time.perf_counter()
+        previous_handler = _install_sigterm_handler()
         try:
             for iteration in range(start_iteration + 1, config.num_iterations + 1):
                 # Timed from dispatch to metrics on the host. On a GPU the XLA while loops inside an
@@ -176,6 +185,7 @@ class _TrainingLoop:
                 state, metrics = self.executor.step(state)
                 metrics = _scalars(jax.device_get(metrics))
                 seconds = time.perf_counter() - start
+                self._check_finite(iteration, metrics)
                 iteration_seconds.append(seconds)
                 self.emit(iteration, {**metrics, "perf/iteration_seconds": seconds,
                                       "perf/sps": self.steps_per_iteration / seconds})
@@ -187,10 +197,11 @@ class _TrainingLoop:
                         run.checkpoint_every and iteration % run.checkpoint_every == 0):
                     self.save(iteration, state)
             self.collect_remote(wait=True)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through TerminatedError: keep the progress
             self.save(int(state.iteration), state)
             raise
         finally:
+            _restore_sigterm_handler(previous_handler)
             self._close_outputs()
         wall_seconds = time.perf_counter() - wall_start
         self.evaluations.sort(key=lambda e: e["iteration"])
@@ -200,6 +211,16 @@ class _TrainingLoop:
                                 title=f"{config.env.name}: PPO (jaxrose)")
         return TrainResult(state, self.executor, self.evaluations, iteration_seconds, compile_seconds, self.out_dir,
                            wall_seconds, start_times, self.remote.worker.info if self.remote else {})
+
+    def _check_finite(self, iteration: int, metrics: dict) -> None:
+        bad = [name.split("/", 1)[1] for name, value in metrics.items() if name.startswith("health/") and value != 1.0]
+        bad += [name for name, value in metrics.items() if name.endswith("_loss") and not np.isfinite(value)]
+        if bad:
+            latest = self.checkpointer.latest_step() if self.checkpointer else None
+            raise NonFiniteError(
+                f"Iteration {iteration} produced NaN or Inf in: {', '.join(bad)}. The run stopped before saving "
+                f"that state; the last good checkpoint is iteration {latest} in {self.out_dir}. Check the env's "
+                f"observations and rewards, or lower ppo.learning_rate / set ppo.max_grad_norm.")
 
     def _close_outputs(self) -> None:
         for sink in self.sinks:
@@ -211,3 +232,24 @@ class _TrainingLoop:
 
 def _scalars(metrics: Mapping) -> dict[str, float]:
     return {k: float(np.asarray(v)) for k, v in metrics.items()}
+
+
+def _install_sigterm_handler():
+    """SIGTERM (a scheduler stopping the job) becomes TerminatedError, so the loop checkpoints first."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        raise TerminatedError("SIGTERM received; checkpoint saved, resume with --run.resume.")
+
+    return signal.signal(signal.SIGTERM, terminate)
+
+
+def _restore_sigterm_handler(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)

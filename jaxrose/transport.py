@@ -64,15 +64,19 @@ class SharedTree:
 class SharedTreeReader:
     """Reader side: attaches to the writer's segments once and copies leaves out on every read."""
 
-    def __init__(self):
+    def __init__(self, other_process: bool = True):
+        # In another process than the writer's, attaching must not register the segment for cleanup.
         self._attached: dict[str, shared_memory.SharedMemory] = {}
+        self._other_process = other_process
 
     def read(self, message: dict) -> Any:
         leaves = []
         for spec in message["specs"]:
             segment = self._attached.get(spec.segment)
             if segment is None:
-                segment = self._attached[spec.segment] = _attach_untracked(spec.segment)
+                segment = (_attach_untracked(spec.segment) if self._other_process
+                           else shared_memory.SharedMemory(name=spec.segment))
+                self._attached[spec.segment] = segment
             leaves.append(np.array(np.ndarray(spec.shape, spec.dtype, buffer=segment.buf)))
         return jax.tree.unflatten(message["treedef"], leaves)
 
@@ -96,7 +100,7 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
 
 def measure_round_trip(tree: Any, repeats: int = 20) -> dict:
     """Host-side cost of one write + read of `tree` in this process (the copy part of a hand-off)."""
-    writer, reader = SharedTree(), SharedTreeReader()
+    writer, reader = SharedTree(), SharedTreeReader(other_process=False)
     try:
         message = writer.write(tree)
         reader.read(message)

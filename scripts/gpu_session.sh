@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The measurements a GPU session owes BENCHMARKS.md, each stage bounded so one call fits the lease.
+# Usage on the device machine: JAXROSE_GIT_COMMIT=<sha> bash scripts/gpu_session.sh STAGE
+#   mps     MPS attachment per quota and transport costs (~1 min)
+#   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)
+#   ovl     ant-mlp, 50M steps, evaluation overlapped in an MPS process (~3 min)
+#   tfm     pusher-transformer: sim ceiling and sequential, 10M steps (~4 min)
+set -u
+. scripts/gpu_setup.sh || exit 1
+out=${OUT:-/tmp/out}
+case "${1:?stage}" in
+  mps) timeout 200 python3 scripts/gpu_mps_check.py > "$out/mps.json" 2> "$out/mps.log"; cat "$out/mps.json" ;;
+  ant) timeout 570 python3 -m jaxrose.cli bench --preset ant-mlp --systems brax,sim,sequential --repeats 5 \
+         --out "$out/ant" --record "$out/BENCH_ant.md" > "$out/ant.log" 2>&1; grep "\[bench\]" "$out/ant.log" ;;
+  ovl) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --systems overlapped \
+         --out "$out/ovl" --record "$out/BENCH_ovl.md" > "$out/ovl.log" 2>&1; grep "\[bench\]" "$out/ovl.log" ;;
+  tfm) timeout 500 python3 -m jaxrose.cli bench --preset pusher-transformer --total-env-steps 10000000 --num-evals 5 \
+         --systems sim,sequential,overlapped --repeats 5 --out "$out/tfm" --record "$out/BENCH_tfm.md" \
+         > "$out/tfm.log" 2>&1; grep "\[bench\]" "$out/tfm.log" ;;
+esac

@@ -1,0 +1,70 @@
+"""Faults: NaN from the env stops the run naming the stage, SIGTERM checkpoints and exits cleanly."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import pytest
+
+import envs
+from envs.wrappers import Wrapper
+from jaxrose import train
+from jaxrose.config import replace
+from jaxrose.sequential import SequentialExecutor
+from jaxrose.train import NonFiniteError
+
+
+class NaNRewardAfter(Wrapper):
+    """A fault injector (test only): the point mass, whose reward turns NaN after `after` steps."""
+
+    def __init__(self, after: int):
+        super().__init__(envs.make("point_mass"))
+        self.after = after
+
+    def reset(self, key):
+        state = self.env.reset(key)
+        return state.replace(info={**state.info, "t": jnp.zeros(())})
+
+    def step(self, state, action):
+        t = state.info["t"] + 1
+        state = self.env.step(state, action)
+        reward = jnp.where(t > self.after, jnp.nan, state.reward)
+        return state.replace(reward=reward, info={**state.info, "t": t})
+
+
+def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
+    # Episodes are 50 steps and an iteration is 2 unrolls of 8 steps: the NaN appears in iteration 3.
+    config = replace(tiny_config, **{"run.out_dir": str(tmp_path), "run.total_env_steps": 512 * 8,
+                                     "run.num_evals": 5, "run.checkpoint_every": 1})
+    executor = SequentialExecutor(config, env=NaNRewardAfter(after=40))
+    with pytest.raises(NonFiniteError, match=r"Iteration 3 produced NaN or Inf in: env_step_rewards.*iteration 2"):
+        train(config, executor=executor)
+    steps = sorted(int(p) for p in os.listdir(tmp_path / "checkpoints") if p.isdigit())
+    assert steps and max(steps) == 2
+
+
+def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "jaxrose.cli", "train", "--preset", "point-mass", "--run.total-env-steps",
+               "100000000", "--run.num-evals", "2", "--run.no-progress-bar", "--run.no-tensorboard",
+               "--run.out-dir", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until training iterations are being logged
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and sum("perf/sps" in line for line in metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, stderr
+    assert "SIGTERM received; checkpoint saved" in stderr
+    steps = [int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()]
+    assert steps and max(steps) >= 3
