@@ -10,6 +10,7 @@ commands:
   train [--preset NAME] [--env.num-envs N ...]   train with PPO (default preset: pendulum)
   presets                                        list the named workloads
   bench [options]                                benchmark against brax PPO (see jaxrose bench --help)
+  plan [--preset NAME]                           measure an iteration, rank legal transformations, save a plan
   doctor                                         what this machine offers: GPUs, SMs, MPS, GPM, versions
 
 Run `jaxrose train --help` for every setting.
@@ -88,6 +89,10 @@ def _dispatch(command: str, args: list[str]) -> None:
         train_main(args)
     elif command == "presets":
         presets_main(args)
+    elif command == "plan":
+        from jaxrose.plan_cli import main as plan_main
+
+        plan_main(args)
     elif command == "doctor":
         from jaxrose.doctor import main as doctor_main
 

@@ -86,14 +86,29 @@ class Schedule:
         return [(a, b, area / (b - a)) for a, b, area in found if b - a >= min_seconds]
 
 
+def pieces(program: Program, chunk_nodes, profile: Profile) -> list[tuple[str, StageProfile, str]]:
+    """What a chunk is made of, as the profile knows it: (name, cost, component) per stage, or per
+    top-level node where the profile measured the node as a whole (a loop timed end to end)."""
+    components = {s.name: s.component for s, _ in program.stages()}
+    out = []
+    for node in chunk_nodes:
+        inner = stages_of(program, (node,))
+        if node in profile.stages:
+            kinds = [components[s] for s in inner]
+            out.append((node, profile.stages[node], "env" if "env" in kinds else kinds[0]))
+        else:
+            out.extend((s, profile.stages[s], components[s]) for s in inner)
+    return out
+
+
 def chunk_cost(program: Program, chunk_nodes, profile: Profile) -> tuple[float, float, str]:
-    stages = stages_of(program, chunk_nodes)
-    seconds = sum(profile.stages[s].seconds for s in stages) + profile.dispatch_seconds
-    busy = sum(profile.stages[s].seconds * profile.stages[s].sm_activity for s in stages)
-    components = [s.component for s, _ in program.stages() if s.name in set(stages)]
-    dominant = max(set(components), key=lambda c: sum(profile.stages[s.name].seconds for s, _ in program.stages()
-                                                      if s.name in set(stages) and s.component == c))
-    return seconds, busy / max(seconds, 1e-12), dominant
+    parts = pieces(program, chunk_nodes, profile)
+    seconds = sum(cost.seconds for _, cost, _ in parts) + profile.dispatch_seconds
+    busy = sum(cost.seconds * cost.sm_activity for _, cost, _ in parts)
+    by_component: dict[str, float] = {}
+    for _, cost, component in parts:
+        by_component[component] = by_component.get(component, 0.0) + cost.seconds
+    return seconds, busy / max(seconds, 1e-12), max(by_component, key=by_component.get)
 
 
 def simulate(plan: Plan, program: Program, graph: DataflowGraph, profile: Profile, iterations: int = 4) -> Schedule:
@@ -107,7 +122,6 @@ def simulate(plan: Plan, program: Program, graph: DataflowGraph, profile: Profil
         elif edge.carried_by is None and src != dst:
             deps[dst].add((src, 0))
     costs = {c.name: chunk_cost(program, c.nodes, profile) for c in plan.chunks}
-    components = {s.name: s.component for s, _ in program.stages()}
     end: dict[tuple[str, int], float] = {}
     process_free: dict[str, float] = {}
     intervals, stage_intervals = [], []
@@ -125,10 +139,8 @@ def simulate(plan: Plan, program: Program, graph: DataflowGraph, profile: Profil
         process_free[chunk.process] = start + seconds
         intervals.append(Interval(chunk.name, k, chunk.process, start, start + seconds, activity, component))
         t = start + profile.dispatch_seconds
-        for stage in stages_of(program, chunk.nodes):
-            cost = profile.stages[stage]
-            stage_intervals.append(Interval(stage, k, chunk.process, t, t + cost.seconds, cost.sm_activity,
-                                            components[stage]))
+        for name, cost, component in pieces(program, chunk.nodes, profile):
+            stage_intervals.append(Interval(name, k, chunk.process, t, t + cost.seconds, cost.sm_activity, component))
             t += cost.seconds
     return Schedule(tuple(intervals), iterations, tuple(stage_intervals))
 
