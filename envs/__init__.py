@@ -5,7 +5,8 @@ from envs.core import Env, State
 from envs.pendulum import Pendulum
 from envs.point_mass import PointMass
 from envs.registry import make, names, register
-from envs.wrappers import AutoResetWrapper, EpisodeWrapper, GroupWrapper, HistoryWrapper, wrap_for_training
+from envs.wrappers import (AutoResetWrapper, DomainRandomization, EpisodeWrapper, GroupWrapper, HistoryWrapper,
+                           wrap_for_training)
 
 register("pendulum", Pendulum)
 register("point_mass", PointMass)
@@ -13,4 +14,4 @@ for _name, _constructor in _brax_constructors().items():
     register(_name, _constructor)
 
 __all__ = ["Env", "State", "make", "names", "register", "EpisodeWrapper", "AutoResetWrapper",
-           "GroupWrapper", "HistoryWrapper", "wrap_for_training", "Pendulum", "PointMass"]
+           "GroupWrapper", "HistoryWrapper", "DomainRandomization", "wrap_for_training", "Pendulum", "PointMass"]

@@ -128,6 +128,43 @@ class HistoryWrapper(Wrapper):
         return state.replace(obs=jnp.concatenate([history[size:], state.obs]))
 
 
+class DomainRandomization(Wrapper):
+    """Per-env physical parameters: each env draws its own value of one attribute of the unwrapped
+    env (brax: `sys`, the MJX model; jaxrose's tiny envs: e.g. `max_torque`) from its reset key.
+
+    `sample(base_value, key) -> value` returns a pytree shaped like the base value. The value lives in
+    `info['randomized']`, so it is vmapped across env groups, kept across auto-resets and
+    checkpointed; during `reset` and `step` it replaces the attribute, as brax's
+    `DomainRandomizationVmapWrapper` does with `sys`.
+    """
+
+    def __init__(self, env: Env, attribute: str, sample):
+        super().__init__(env)
+        if not hasattr(env.unwrapped, attribute):
+            raise ValueError(f"Cannot randomize {attribute!r}: {type(env.unwrapped).__name__} has no such attribute.")
+        self.attribute = attribute
+        self.sample = sample
+
+    def _with(self, value, fn, *args):
+        target = self.env.unwrapped
+        base = getattr(target, self.attribute)
+        setattr(target, self.attribute, value)
+        try:
+            return fn(*args)
+        finally:
+            setattr(target, self.attribute, base)
+
+    def reset(self, key: jax.Array) -> State:
+        sample_key, reset_key = jax.random.split(key)
+        value = self.sample(getattr(self.env.unwrapped, self.attribute), sample_key)
+        state = self._with(value, self.env.reset, reset_key)
+        return state.replace(info={**state.info, "randomized": value})
+
+    def step(self, state: State, action: jax.Array) -> State:
+        value = state.info["randomized"]
+        return self._with(value, self.env.step, state, action)
+
+
 class GroupWrapper(Wrapper):
     """Lays envs out as `[groups, envs_per_group, ...]` and vmaps reset/step over both axes.
 

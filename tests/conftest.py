@@ -34,3 +34,13 @@ def tiny_config():
         run=RunConfig(total_env_steps=4 * 512, num_evals=3, num_eval_envs=8, progress_bar=False,
                       tensorboard=False),
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only where JAX has a GPU (run them there with JAX_PLATFORMS=cuda)."""
+    if jax.default_backend() == "gpu":
+        return
+    skip = pytest.mark.skip(reason="needs a GPU (marked gpu); run on the GPU machine with JAX_PLATFORMS=cuda")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
