@@ -96,6 +96,9 @@ class PPOConfig:
     normalize_advantage: bool = True
     vf_loss_coefficient: float = 0.5
     max_grad_norm: Optional[float] = None
+    max_off_policy_weight: float = 1.0
+    """Truncation of the importance weight between the proximal and a stale behaviour policy
+    (asynchronous mode only; V-trace's c-bar)."""
     bootstrap_on_truncation: bool = False
     """False: truncated steps are masked out of GAE (brax's default). True: the value of the
     observation reached at truncation is added to the last reward, so time limits are not treated
@@ -107,6 +110,8 @@ class PPOConfig:
             _require(getattr(self, field) > 0, f"ppo.{field} must be > 0, got {getattr(self, field)}.")
         _require(0.0 <= self.discounting <= 1.0, f"ppo.discounting must lie in [0, 1], got {self.discounting}.")
         _require(0.0 <= self.gae_lambda <= 1.0, f"ppo.gae_lambda must lie in [0, 1], got {self.gae_lambda}.")
+        _require(self.max_off_policy_weight > 0,
+                 f"ppo.max_off_policy_weight must be > 0, got {self.max_off_policy_weight}.")
         _require(self.clipping_epsilon > 0, f"ppo.clipping_epsilon must be > 0, got {self.clipping_epsilon}.")
         _require(self.max_grad_norm is None or self.max_grad_norm > 0,
                  f"ppo.max_grad_norm must be > 0 or unset, got {self.max_grad_norm}.")

@@ -34,6 +34,9 @@ class Batch:
     truncation: jax.Array
     last_obs: jax.Array  # [segments, obs]: the observation after the segment's last step
     final_obs: Optional[jax.Array] = None  # obs reached before an auto-reset; only to bootstrap truncation
+    proximal_log_prob: Optional[jax.Array] = None
+    """Log-probs under the learner's policy when the update starts, for batches collected with older
+    parameters (asynchronous mode); None means the behaviour policy is the proximal one (lag 0)."""
 
 
 @struct.dataclass
@@ -95,9 +98,7 @@ def ppo_loss(params: Params, normalizer, batch: Batch, key: jax.Array, net: Acto
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
     new_log_prob = distribution.log_prob(logits, batch.raw_action)
-    ratio = jnp.exp(new_log_prob - batch.log_prob)
-    clipped = jnp.clip(ratio, 1.0 - config.clipping_epsilon, 1.0 + config.clipping_epsilon)
-    policy_loss = -jnp.mean(jnp.minimum(ratio * advantages, clipped * advantages))
+    policy_loss, off_policy_weight = _clipped_surrogate(new_log_prob, batch, advantages, config)
     value_loss = 0.5 * config.vf_loss_coefficient * jnp.mean(jnp.square(vs - values))
     entropy = jnp.mean(distribution.entropy(logits, key))
     entropy_loss = -config.entropy_cost * entropy
@@ -108,9 +109,32 @@ def ppo_loss(params: Params, normalizer, batch: Batch, key: jax.Array, net: Acto
         "value_loss": value_loss,
         "entropy_loss": entropy_loss,
         "approx_kl": jnp.mean(batch.log_prob - new_log_prob),
-        "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > config.clipping_epsilon).astype(jnp.float32)),
+        "clip_fraction": jnp.mean((jnp.abs(jnp.exp(new_log_prob - _anchor(batch)) - 1.0)
+                                   > config.clipping_epsilon).astype(jnp.float32)),
+        "off_policy_weight": jnp.mean(off_policy_weight),
     }
     return total, metrics
+
+
+def _anchor(batch: Batch) -> jax.Array:
+    return batch.log_prob if batch.proximal_log_prob is None else batch.proximal_log_prob
+
+
+def _clipped_surrogate(new_log_prob, batch: Batch, advantages, config: PPOConfig):
+    """PPO's clipped surrogate, decoupled for stale data (Hilton et al., "Batch size-invariance for
+    policy optimization"): the trust region is taken around the proximal policy (the learner's own
+    policy when the update starts), and the gap between it and the stale behaviour policy is
+    corrected by an importance weight truncated at `ppo.max_off_policy_weight`, as V-trace does.
+    Without a proximal policy (lag 0) both policies coincide, the weight is 1 and this is PPO's loss
+    exactly."""
+    anchor = _anchor(batch)
+    weight = jnp.ones_like(anchor)
+    if batch.proximal_log_prob is not None:
+        weight = jnp.minimum(jnp.exp(batch.proximal_log_prob - batch.log_prob), config.max_off_policy_weight)
+        weight = jax.lax.stop_gradient(weight)
+    ratio = jnp.exp(new_log_prob - anchor)
+    clipped = jnp.clip(ratio, 1.0 - config.clipping_epsilon, 1.0 + config.clipping_epsilon)
+    return -jnp.mean(weight * jnp.minimum(ratio * advantages, clipped * advantages)), weight
 
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:

@@ -164,3 +164,46 @@ def test_policy_loss_clips_by_hand():
     expected = -np.mean(np.minimum(2.0 * adv, 1.3 * adv))
     np.testing.assert_allclose(m["policy_loss"], expected, rtol=1e-4)
     np.testing.assert_allclose(m["clip_fraction"], 1.0)
+
+
+def _loss_batch(shift_behaviour: float):
+    net = make_actor_critic(3, 2, NetworkConfig(policy_hidden=(8,), value_hidden=(8,)), normalize_observations=False)
+    params, stats = net.init(jax.random.PRNGKey(0)), normalization.init(3)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (4, 5, 3))
+    logits = net.policy_logits(params, stats, obs)
+    raw = distribution.sample_raw(logits, jax.random.PRNGKey(2))
+    current = distribution.log_prob(logits, raw)
+    batch = Batch(obs=obs, raw_action=raw, log_prob=current - shift_behaviour,
+                  reward=jax.random.normal(jax.random.PRNGKey(3), (4, 5)), discount=jnp.ones((4, 5)),
+                  truncation=jnp.zeros((4, 5)), last_obs=obs[:, -1])
+    return net, params, stats, batch, current
+
+
+def test_decoupled_loss_with_lag_zero_is_ppo():
+    """A proximal policy equal to the behaviour policy (lag 0) gives exactly PPO's loss and gradient."""
+    net, params, stats, batch, _ = _loss_batch(0.3)
+    config = PPOConfig(max_off_policy_weight=2.0)
+    plain = jax.value_and_grad(ppo_loss, has_aux=True)(params, stats, batch, jax.random.PRNGKey(5), net, config)
+    lagged = batch.replace(proximal_log_prob=batch.log_prob)
+    decoupled = jax.value_and_grad(ppo_loss, has_aux=True)(params, stats, lagged, jax.random.PRNGKey(5), net, config)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(decoupled)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_decoupled_loss_weights_stale_samples_by_hand():
+    """Behaviour log-probs log(2) below the proximal ones (the current policy): the trust region is
+    around the proximal policy (ratio 1, nothing clipped) and each sample is weighted by
+    min(pi_prox / mu, c) = min(2, 1.5) = 1.5, so the policy loss is -1.5 * mean(normalized advantages) = 0
+    for the mean, and exactly 1.5 times PPO's surrogate in its gradient."""
+    net, params, stats, batch, current = _loss_batch(np.log(2.0))
+    config = PPOConfig(max_off_policy_weight=1.5)
+    lagged = batch.replace(proximal_log_prob=current)
+    _, metrics = ppo_loss(params, stats, lagged, jax.random.PRNGKey(5), net, config)
+    np.testing.assert_allclose(metrics["off_policy_weight"], 1.5, rtol=1e-6)
+    np.testing.assert_allclose(metrics["clip_fraction"], 0.0)
+    on_policy = batch.replace(log_prob=current)
+    policy_grad = lambda b: jax.grad(lambda p: ppo_loss(p, stats, b, jax.random.PRNGKey(5), net,
+                                                         PPOConfig(entropy_cost=0.0, vf_loss_coefficient=0.0,
+                                                                   max_off_policy_weight=1.5))[0])(params)
+    for a, b in zip(jax.tree.leaves(policy_grad(lagged).policy), jax.tree.leaves(policy_grad(on_policy).policy)):
+        np.testing.assert_allclose(a, 1.5 * b, rtol=1e-4, atol=1e-7)
