@@ -9,16 +9,14 @@ The results equal inline evaluation exactly: same program, same params, same key
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Optional
 
 import jax
 
 from jaxrose.config import TrainConfig
-from jaxrose.workers import Worker, WorkerError
+from jaxrose.workers import Worker
 
-log = logging.getLogger(__name__)
 
 
 def _serve(conn, config: TrainConfig) -> None:
@@ -71,7 +69,7 @@ class ProcessEvaluator:
         while self.outstanding and self.worker.poll():
             results.append(self._receive(self.timeout))
         if self.outstanding and not self.worker.process.is_alive():
-            raise self.worker._died("with evaluations outstanding")
+            raise self.worker.death_error("with evaluations outstanding")
         return results
 
     def drain(self) -> list[tuple[int, dict]]:
@@ -80,5 +78,3 @@ class ProcessEvaluator:
     def close(self) -> None:
         self.worker.stop()
 
-
-__all__ = ["ProcessEvaluator", "WorkerError"]

@@ -15,8 +15,8 @@ import dataclasses
 import json
 from typing import Optional
 
-from jaxrose.graph import ITERATION, DataflowGraph
-from jaxrose.program import Loop, Program, Stage
+from jaxrose.graph import DataflowGraph
+from jaxrose.program import Program
 
 PLAN_FORMAT = 1
 
@@ -207,6 +207,3 @@ def chunk_program(program: Program, chunk: Chunk) -> Program:
     nodes = {node.name: node for node in program.body}
     return Program(f"{program.name}/{chunk.name}", tuple(nodes[n] for n in chunk.nodes))
 
-
-__all__ = ["Chunk", "Plan", "PlanError", "sequential_plan", "split_chunk", "fuse_chunks", "split_groups", "place",
-           "defer", "validate", "chunk_program", "ITERATION", "Loop", "Stage"]

@@ -142,7 +142,7 @@ class MultiProcessPlanExecutor(PlanExecutor):
             while self._in_flight[process] and worker.poll():
                 self._receive(process, worker)
             if self._in_flight[process] and not worker.process.is_alive():
-                raise worker._died("with work outstanding")
+                raise worker.death_error("with work outstanding")
         done, self._results = self._results, []
         return done
 

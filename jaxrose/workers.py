@@ -73,7 +73,7 @@ class Worker:
         try:
             self._conn.send(message)
         except (BrokenPipeError, EOFError, OSError) as error:
-            raise self._died(f"while sending ({error})") from error
+            raise self.death_error(f"while sending ({error})") from error
 
     def poll(self) -> bool:
         return self._conn.poll()
@@ -85,17 +85,18 @@ class Worker:
                 try:
                     message = self._conn.recv()
                 except (EOFError, OSError) as error:
-                    raise self._died(f"while receiving ({error})") from error
+                    raise self.death_error(f"while receiving ({error})") from error
                 if message[0] == "error":
                     raise WorkerError(f"Worker {self.name} raised an exception:\n{message[1]}")
                 return message
             if not self.process.is_alive():
-                raise self._died("before answering")
+                raise self.death_error("before answering")
             if time.monotonic() > deadline:
                 raise WorkerError(f"Worker {self.name} (pid {self.process.pid}) did not answer within {timeout:.0f} s; "
                                   f"it may be hung. It will be stopped; check its device and logs.")
 
-    def _died(self, when: str) -> WorkerError:
+    def death_error(self, when: str) -> WorkerError:
+        """The error to raise for a worker found dead (reaps it first, to read its exit code)."""
         self.process.join(1.0)
         return WorkerError(f"Worker {self.name} (pid {self.process.pid}) died {when}, exit code "
                            f"{self.process.exitcode}. The run stopped; the last checkpoint is intact and "

@@ -4,7 +4,6 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrose.config import replace
 from jaxrose.graph import ITERATION, build_graph
 from jaxrose.plan import (Plan, PlanError, defer, fuse_chunks, place, sequential_plan, split_chunk, split_groups,
                           validate)

@@ -101,5 +101,5 @@ def test_timeline_is_drawn_and_respects_dependencies(setup, tmp_path):
     assert helper, "the evaluation runs on the helper process"
     for interval in helper:  # evaluation k starts only after iteration k's main chunk has finished
         assert interval.start >= by_key[("iteration", interval.iteration)].end
-    path = draw_timeline(schedule, str(tmp_path / "timeline.png"), "ppo+eval, planned")
+    draw_timeline(schedule, str(tmp_path / "timeline.png"), "ppo+eval, planned")
     assert (tmp_path / "timeline.png").stat().st_size > 5000

@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 
 from jaxrose.cli import main
 from jaxrose.plan import Plan
