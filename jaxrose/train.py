@@ -64,14 +64,15 @@ class TrainResult:
 
 def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Optional[SequentialExecutor] = None,
           write_outputs: bool = True) -> TrainResult:
-    """Trains with PPO on the sequential executor and returns the final state and metrics.
+    """Trains with PPO, on the sequential executor or on the plan in `run.plan`, and returns the
+    final state and metrics.
 
     Outputs (metrics.jsonl, TensorBoard events, checkpoints/, learning_curve.png) go to
     `config.run.out_dir` when `write_outputs` is true.
     """
     # Worker processes (and MPS) must be set up before this process touches its GPU.
     plan = Plan.load(config.run.plan) if config.run.plan else None
-    helpers = {p: q for p, q in (plan.quotas if plan else ()) if p != MAIN and p in plan.processes}
+    helpers = {p: dict(plan.quotas).get(p) for p in plan.processes if p != MAIN} if plan else {}
     evaluating_remotely = config.run.eval_mode == "process"
     worker_envs = {}
     if helpers or evaluating_remotely:
