@@ -11,6 +11,7 @@ commands:
   presets                                        list the named workloads
   bench [options]                                benchmark against brax PPO (see jaxrose bench --help)
   plan [--preset NAME]                           measure an iteration, rank legal transformations, save a plan
+  tune [--preset NAME] [--no-overlap ...]        keep only the transformations that measure faster
   doctor                                         what this machine offers: GPUs, SMs, MPS, GPM, versions
 
 Run `jaxrose train --help` for every setting.
@@ -89,6 +90,10 @@ def _dispatch(command: str, args: list[str]) -> None:
         train_main(args)
     elif command == "presets":
         presets_main(args)
+    elif command == "tune":
+        from jaxrose.tune import main as tune_main
+
+        tune_main(args)
     elif command == "plan":
         from jaxrose.plan_cli import main as plan_main
 

@@ -62,21 +62,21 @@ class SharedTree:
 
 
 class SharedTreeReader:
-    """Reader side: attaches to the writer's segments once and copies leaves out on every read."""
+    """Reader side: attaches to the writer's segments once and copies leaves out on every read.
 
-    def __init__(self, other_process: bool = True):
-        # In another process than the writer's, attaching must not register the segment for cleanup.
+    Readers are workers spawned by the writer's process, so they share its resource tracker: the
+    writer's `close` unlinks each segment once, and a reader only detaches.
+    """
+
+    def __init__(self):
         self._attached: dict[str, shared_memory.SharedMemory] = {}
-        self._other_process = other_process
 
     def read(self, message: dict) -> Any:
         leaves = []
         for spec in message["specs"]:
             segment = self._attached.get(spec.segment)
             if segment is None:
-                segment = (_attach_untracked(spec.segment) if self._other_process
-                           else shared_memory.SharedMemory(name=spec.segment))
-                self._attached[spec.segment] = segment
+                segment = self._attached[spec.segment] = _attach(spec.segment)
             leaves.append(np.array(np.ndarray(spec.shape, spec.dtype, buffer=segment.buf)))
         return jax.tree.unflatten(message["treedef"], leaves)
 
@@ -86,21 +86,15 @@ class SharedTreeReader:
         self._attached.clear()
 
 
-def _attach_untracked(name: str) -> shared_memory.SharedMemory:
-    # The writer owns each segment. Before Python 3.13 an attaching process registers it with its own
-    # resource tracker, which would unlink it when that process exits, so unregister it here.
+def _attach(name: str) -> shared_memory.SharedMemory:
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)
-    from multiprocessing import resource_tracker
-
-    segment = shared_memory.SharedMemory(name=name)
-    resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001 - the documented workaround
-    return segment
+    return shared_memory.SharedMemory(name=name)
 
 
 def measure_round_trip(tree: Any, repeats: int = 20) -> dict:
     """Host-side cost of one write + read of `tree` in this process (the copy part of a hand-off)."""
-    writer, reader = SharedTree(), SharedTreeReader(other_process=False)
+    writer, reader = SharedTree(), SharedTreeReader()
     try:
         message = writer.write(tree)
         reader.read(message)

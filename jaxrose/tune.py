@@ -1,0 +1,184 @@
+"""Autotuning (Rose stage 1 then stage 2): candidates from the window-guided planner, each kept
+only if an end-to-end measurement over several iterations beats the current plan by more than the
+measured noise; then SM quotas for the helper processes, under MPS only.
+
+Every optimization has a switch, so a researcher can reproduce an ablation: `overlap` (chunks on
+helper processes beside the next iteration), `restructure` (split/fuse chunks), `quotas`, and
+`validate` (off: keep whatever the model predicts to be faster, without measuring).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Optional
+
+import jax
+
+from jaxrose.config import TrainConfig
+from jaxrose.graph import build_graph
+from jaxrose.mps import unavailable_reason
+from jaxrose.plan import Plan, place, sequential_plan
+from jaxrose.plan_executor import PlanExecutor
+from jaxrose.planner import rank
+from jaxrose.ppo_program import ITERATION_INPUTS
+from jaxrose.program_profiler import default_executor_factory, profile_program
+from jaxrose.runtime import MAIN, MultiProcessPlanExecutor
+
+
+@dataclasses.dataclass(frozen=True)
+class Switches:
+    overlap: bool = True
+    restructure: bool = True
+    quotas: bool = True
+    validate: bool = True
+
+
+@dataclasses.dataclass
+class Trial:
+    description: str
+    predicted_gain: float
+    measured_seconds: Optional[float]
+    kept: bool
+    reason: str
+
+
+@dataclasses.dataclass
+class TuneResult:
+    plan: Plan
+    baseline_seconds: float
+    final_seconds: float
+    noise_seconds: float
+    trials: list[Trial]
+    tuning_seconds: float
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_seconds / self.final_seconds
+
+
+def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: int = 0) -> list[float]:
+    """Seconds per iteration of `plan`, each timed from dispatch to metrics on the host, after one
+    warm-up iteration; helper processes (if any) run for real and are drained at the end."""
+    helpers = [p for p in plan.processes if p != MAIN]
+    executor = MultiProcessPlanExecutor(config, plan) if helpers else PlanExecutor(config, plan)
+    try:
+        state = executor.init(jax.random.PRNGKey(seed))
+        executor.compile(state)
+        state, metrics = executor.step(state)
+        jax.block_until_ready(metrics)
+        seconds = []
+        for _ in range(iterations):
+            start = time.perf_counter()
+            state, metrics = executor.step(state)
+            jax.device_get(metrics)
+            seconds.append(time.perf_counter() - start)
+        if helpers:
+            executor.drain()
+        return seconds
+    finally:
+        if hasattr(executor, "close"):
+            executor.close()
+
+
+def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: int = 4,
+         iterations: int = 5) -> TuneResult:
+    start = time.perf_counter()
+    executor = PlanExecutor(config, sequential_plan(_program(config)))
+    program = executor.program
+    graph = build_graph(program, ITERATION_INPUTS)
+    current = sequential_plan(program)
+    # Noise: the same plan measured twice; a change must beat the current plan by more than this.
+    first, second = (statistics.median(measure_plan(config, current, iterations)) for _ in range(2))
+    noise = abs(first - second)
+    baseline = current_seconds = min(first, second)
+    profile = profile_program(default_executor_factory, config, iterations=2)
+    trials: list[Trial] = []
+    candidates = [c for c in rank(current, program, graph, profile) if c.predicted_gain > 0 and _allowed(c, switches)]
+    for candidate in candidates[:max_candidates]:
+        if not switches.validate:
+            current = candidate.plan
+            trials.append(Trial(candidate.description, candidate.predicted_gain, None, True,
+                                "kept on the model's prediction alone (validation off)"))
+            break
+        seconds = statistics.median(measure_plan(config, candidate.plan, iterations))
+        kept = seconds < current_seconds - noise
+        trials.append(Trial(candidate.description, candidate.predicted_gain, seconds, kept,
+                            f"{seconds * 1e3:.2f} ms vs {current_seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
+        if kept:
+            current, current_seconds = candidate.plan, seconds
+            break  # one structural change per round; the ranking changes once the plan does
+    current, current_seconds = _tune_quotas(config, current, current_seconds, noise, switches, iterations, trials)
+    return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start)
+
+
+def _program(config: TrainConfig):
+    from jaxrose.sequential import SequentialExecutor
+
+    return SequentialExecutor(config).program
+
+
+def _allowed(candidate, switches: Switches) -> bool:
+    if candidate.description.startswith("overlap"):
+        return switches.overlap
+    return switches.restructure
+
+
+def _tune_quotas(config, plan: Plan, seconds: float, noise: float, switches: Switches, iterations: int,
+                 trials: list[Trial]) -> tuple[Plan, float]:
+    helpers = [p for p in plan.processes if p != MAIN]
+    if not helpers or not switches.quotas:
+        return plan, seconds
+    reason = unavailable_reason()
+    if reason is not None:
+        trials.append(Trial("SM quotas", 0.0, None, False, f"skipped: {reason}"))
+        return plan, seconds
+    # A helper with slack gives SMs up: try a few caps, largest first, keep what measures faster.
+    for helper in helpers:
+        for quota in (50, 25, 10):
+            chunks = [c.name for c in plan.chunks if c.process == helper]
+            candidate = plan
+            for chunk in chunks:
+                candidate = place(candidate, chunk, helper, quota)
+            measured = statistics.median(measure_plan(config, candidate, iterations))
+            kept = measured < seconds - noise
+            trials.append(Trial(f"quota {quota}% for {helper}", 0.0, measured, kept,
+                                f"{measured * 1e3:.2f} ms vs {seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
+            if kept:
+                plan, seconds = candidate, measured
+    return plan, seconds
+
+
+def main(args: list[str]) -> None:
+    import argparse
+    import json
+    import os
+
+    from jaxrose.presets import get_preset
+
+    parser = argparse.ArgumentParser(prog="jaxrose tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="point-mass")
+    parser.add_argument("--iterations", type=int, default=5, help="timed iterations per measurement")
+    parser.add_argument("--max-candidates", type=int, default=4)
+    parser.add_argument("--out", default=None, help="output folder (default: plans/<preset>)")
+    for name in ("overlap", "restructure", "quotas", "validate"):
+        parser.add_argument(f"--no-{name}", action="store_true", help=f"switch the {name} optimization off")
+    options = parser.parse_args(args)
+    switches = Switches(*(not getattr(options, f"no_{n}") for n in ("overlap", "restructure", "quotas", "validate")))
+    result = tune(get_preset(options.preset), switches, options.max_candidates, options.iterations)
+    out = options.out or os.path.join("plans", options.preset)
+    os.makedirs(out, exist_ok=True)
+    result.plan.save(os.path.join(out, "plan.json"))
+    report = {"switches": dataclasses.asdict(switches), "baseline_seconds": result.baseline_seconds,
+              "final_seconds": result.final_seconds, "noise_seconds": result.noise_seconds,
+              "speedup": result.speedup, "tuning_seconds": result.tuning_seconds,
+              "trials": [dataclasses.asdict(t) for t in result.trials]}
+    with open(os.path.join(out, "tune.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    for trial in result.trials:
+        print(f"{'kept   ' if trial.kept else 'dropped'} {trial.description}: {trial.reason}")
+    print(f"iteration {result.baseline_seconds * 1e3:.2f} ms -> {result.final_seconds * 1e3:.2f} ms "
+          f"({result.speedup:.3f}x); {len(result.trials)} candidates tried, "
+          f"{sum(t.kept for t in result.trials)} kept; tuning took {result.tuning_seconds:.1f} s")
+    print(f"plan: {os.path.join(out, 'plan.json')} (run it with --run.plan)")

@@ -1,0 +1,33 @@
+"""Autotuning end to end on CPU: every kept change measured faster by more than the noise."""
+
+import pytest
+
+from jaxrose.graph import build_graph
+from jaxrose.plan import validate
+from jaxrose.ppo_program import ITERATION_INPUTS
+from jaxrose.sequential import SequentialExecutor
+from jaxrose.tune import Switches, tune
+
+
+def test_tune_keeps_only_measured_improvements(tiny_config):
+    result = tune(tiny_config, max_candidates=2, iterations=2)
+    assert result.baseline_seconds > 0 and result.final_seconds > 0 and result.tuning_seconds > 0
+    assert result.trials, "the planner proposes at least the overlap of the metrics stage"
+    current = result.baseline_seconds
+    for trial in result.trials:
+        if trial.measured_seconds is None:
+            assert not trial.kept and trial.reason.startswith("skipped")  # quotas without MPS
+            continue
+        assert trial.kept == (trial.measured_seconds < current - result.noise_seconds)
+        if trial.kept:
+            current = trial.measured_seconds
+    assert result.final_seconds == pytest.approx(current)
+    program = SequentialExecutor(tiny_config).program
+    validate(result.plan, program, build_graph(program, ITERATION_INPUTS))
+
+
+def test_switches_reproduce_an_ablation(tiny_config):
+    """Overlap off and validation off: no overlap is tried, and nothing is measured per candidate."""
+    result = tune(tiny_config, Switches(overlap=False, validate=False), max_candidates=2, iterations=2)
+    assert not any(t.description.startswith("overlap") for t in result.trials)
+    assert all(t.measured_seconds is None for t in result.trials)
