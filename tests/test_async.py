@@ -1,0 +1,58 @@
+"""Asynchronous mode with real actor processes: lag bound, lag 0 = synchronous, no stall, shutdown."""
+
+import multiprocessing
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrose.async_mode import AsyncTrainer
+from jaxrose.config import ConfigError, replace
+from jaxrose.sequential import SequentialExecutor
+
+
+def test_lag_zero_with_one_actor_is_the_sequential_run(tiny_config):
+    sequential = SequentialExecutor(tiny_config)
+    state = sequential.init(jax.random.PRNGKey(tiny_config.run.seed))
+    for _ in range(3):
+        state, _ = sequential.step(state)
+    trainer = AsyncTrainer(tiny_config, num_actors=1, max_lag=0)
+    try:
+        result = trainer.run(updates=3)
+    finally:
+        trainer.close()
+    assert result.lags == [0, 0, 0]
+    for a, b in zip(jax.tree.leaves(state.learner), jax.tree.leaves(result.learner), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("max_lag", [0, 2])
+def test_lag_bound_is_never_exceeded(tiny_config, max_lag):
+    config = replace(tiny_config, **{"env.num_groups": 4})
+    trainer = AsyncTrainer(config, num_actors=4, max_lag=max_lag)
+    try:
+        result = trainer.run(updates=6)
+    finally:
+        trainer.close()
+    assert max(result.lags) <= max_lag
+    assert result.updates == 6
+    if max_lag == 0:
+        assert all(n == 6 for n in result.rollouts_per_actor.values())  # every update takes all groups
+
+
+def test_a_slow_group_does_not_stall_the_others(tiny_config):
+    config = replace(tiny_config, **{"env.num_groups": 2})
+    trainer = AsyncTrainer(config, num_actors=2, max_lag=4, actor_delays={1: 1.0})
+    try:
+        result = trainer.run(updates=6)
+    finally:
+        trainer.close()
+    assert max(result.lags) <= 4
+    assert result.rollouts_per_actor[0] >= 2 * result.rollouts_per_actor[1], result.rollouts_per_actor
+    assert not multiprocessing.active_children()
+
+
+def test_actor_count_must_divide_groups(tiny_config):
+    with pytest.raises(ConfigError, match=r"env\.num_groups \(2\) must be a multiple of the number of actors \(3\)"):
+        AsyncTrainer(tiny_config, num_actors=3, max_lag=1)
