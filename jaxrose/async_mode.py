@@ -125,7 +125,13 @@ class AsyncTrainer:
             batch = batch.replace(proximal_log_prob=distribution.log_prob(logits, batch.raw_action))
         return batch, stats
 
-    def run(self, updates: int, timeout: float = 300.0) -> AsyncResult:
+    def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: float = 300.0,
+            on_update=None) -> AsyncResult:
+        """Runs until `updates` learner updates or `env_steps` consumed env steps, whichever is given.
+        `on_update(update, env_steps, learner, info)` is called after each update (logging, evaluation);
+        `info` holds the update's lags, queue depth and training returns."""
+        if (updates is None) == (env_steps is None):
+            raise ValueError("Give exactly one of `updates` and `env_steps`.")
         state = self.executor.init(jax.random.PRNGKey(self.config.run.seed))
         learner, version = state.learner, 0
         params_sent = {}
@@ -135,8 +141,10 @@ class AsyncTrainer:
         lags, depths, returns = [], [], []
         rollouts = {i: 0 for i in range(self.num_actors)}
         ready: dict[int, tuple[int, dict]] = {}
-        start, done = time.perf_counter(), 0
-        while done < updates:
+        start, done, consumed = time.perf_counter(), 0, 0
+        steps_per_group_rollout = self.config.env_steps_per_iteration // self.config.env.num_groups
+        groups_per_actor = self.config.env.num_groups // self.num_actors
+        while (done < updates) if updates is not None else (consumed < env_steps):
             urgent = [i for i in range(self.num_actors) if version + 1 - params_sent[i] > self.max_lag]
             needed = urgent or None
             self._gather(ready, needed, timeout)
@@ -150,6 +158,7 @@ class AsyncTrainer:
             learner, _ = self._update(learner, batch)
             version += 1
             done += 1
+            consumed += len(take) * groups_per_actor * steps_per_group_rollout
             if float(stats["episodes"]) > 0:
                 returns.append(float(stats["episode_return"]))
             host_params = jax.device_get((learner.params, learner.normalizer))
@@ -157,9 +166,12 @@ class AsyncTrainer:
                 rollouts[i] += 1
                 self.actors[i].send(("params", version, *host_params))
                 params_sent[i] = version
+            if on_update is not None:
+                on_update(done, consumed, learner, {"lags": [version - 1 - v for v in versions], "queue_depth": depths[-1],
+                                                 "episode_return": float(stats["episode_return"]),
+                                                 "episodes": float(stats["episodes"])})
         wall = time.perf_counter() - start
-        env_steps = sum(rollouts.values()) * self.config.env_steps_per_iteration // self.num_actors
-        return AsyncResult(learner, done, lags, rollouts, depths, wall, env_steps, returns)
+        return AsyncResult(learner, done, lags, rollouts, depths, wall, consumed, returns)
 
     def _gather(self, ready: dict, needed: Optional[list[int]], timeout: float) -> None:
         """Receives trajectories: at least one if `needed` is None, else one from each needed actor."""

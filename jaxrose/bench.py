@@ -33,11 +33,14 @@ import sys
 import textwrap
 import time
 import traceback
+
+import numpy as np
 from typing import Any, Callable, Optional
 
-SYSTEMS = ("brax", "sim", "sequential", "overlapped")
+SYSTEMS = ("brax", "sim", "sequential", "overlapped", "async")
 SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential",
-                 "overlapped": "jaxrose, evaluation overlapped (MPS process)"}
+                 "overlapped": "jaxrose, evaluation overlapped (MPS process)",
+                 "async": "jaxrose asynchronous (actors, lag <= run.max_policy_lag)"}
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -350,19 +353,33 @@ def run_overlapped(config, sampler) -> dict:
     """The sequential executor with evaluation in a separate process (under MPS on a GPU), run in a
     fresh Python process: the trainer must join MPS before it initialises its GPU, which this
     bench process has already done."""
+    from jaxrose.config import replace
+
+    return _run_in_child("_overlapped_child", replace(config, **{"run.eval_mode": "process"}), sampler)
+
+
+def run_async(config, sampler) -> dict:
+    """The asynchronous mode (actor processes, evaluation in its own process), in a fresh process.
+    A preset laid out as fewer groups than actors is regrouped as one group per actor."""
+    from jaxrose.config import replace
+
+    changes = {"run.mode": "async"}
+    if config.env.num_groups % config.run.actors:
+        changes["env.num_groups"] = config.run.actors
+    return _run_in_child("_async_child", replace(config, **changes), sampler)
+
+
+def _run_in_child(child: str, config, sampler) -> dict:
     import pickle
     import tempfile
 
-    from jaxrose.config import replace
-
-    config = replace(config, **{"run.eval_mode": "process"})
     with tempfile.TemporaryDirectory(prefix="jaxrose-bench-") as tmp:
         config_path, summary_path = os.path.join(tmp, "config.pkl"), os.path.join(tmp, "summary.json")
         with open(config_path, "wb") as f:
             pickle.dump(config, f)
         # This process already holds most of the GPU's memory; the child allocates on demand.
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        code = f"from jaxrose.bench import _overlapped_child; _overlapped_child({config_path!r}, {summary_path!r})"
+        code = f"from jaxrose.bench import {child}; {child}({config_path!r}, {summary_path!r})"
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=3600)
         with open(summary_path) as f:
             summary = json.load(f)
@@ -377,6 +394,39 @@ def _overlapped_child(config_path: str, summary_path: str) -> None:
         config = pickle.load(f)
     summary, result = run_sequential(config, _ClockOnlySampler())
     summary["eval_worker"] = result.eval_worker
+    with open(summary_path, "w") as f:
+        json.dump(_jsonable(summary), f)
+
+
+def _async_child(config_path: str, summary_path: str) -> None:
+    """Steady window: from the first update after the first evaluation period to the last evaluation's
+    result, as for the synchronous systems; plus the asynchronous mode's own rates and lags."""
+    import pickle
+
+    from jaxrose.train import train
+
+    with open(config_path, "rb") as f:
+        config = pickle.load(f)
+    start = time.perf_counter()
+    result = train(config, write_outputs=False)
+    total = time.perf_counter() - start
+    run = result.async_result
+    first_period = config.iterations_per_eval * config.env_steps_per_iteration
+    evals = result.evaluations
+    consumed_per_update = run.env_steps / max(run.updates, 1)
+    first_steady = min(int(np.ceil(first_period / consumed_per_update)), len(result.iteration_start_times) - 1)
+    t0, t1 = result.iteration_start_times[first_steady], max(e["done_time"] for e in evals)
+    steady_steps = run.env_steps - first_steady * consumed_per_update
+    summary = {
+        "status": "ok", "steady_sps": steady_steps / (t1 - t0), "steady_sps_with_evals": steady_steps / (t1 - t0),
+        "steady_env_steps": steady_steps, "steady_wall_seconds": t1 - t0, "window": [t0, t1],
+        "rollout_sps": run.rollout_sps, "updates_per_second": run.updates_per_second,
+        "policy_lags": run.lags, "queue_depths": run.queue_depths, "rollouts_per_actor": run.rollouts_per_actor,
+        "compile_seconds": result.compile_seconds, "total_wall_seconds": total, "seconds_to_steady": t0 - start,
+        "eval_seconds": [e["eval/walltime"] for e in evals], "eval_returns": [e["eval/episode_return"] for e in evals],
+        "eval_env_steps": [e["env_steps"] for e in evals], "final_return": result.final_return,
+        "eval_worker": result.eval_worker,
+    }
     with open(summary_path, "w") as f:
         json.dump(_jsonable(summary), f)
 
@@ -435,6 +485,10 @@ RATIOS = (
      "systems.sequential.steady_sps_with_evals"),
     ("jaxrose overlapped (incl. evals) / synchronous limit", "systems.overlapped.steady_sps_with_evals",
      "limits.synchronous_limit_sps"),
+    ("jaxrose async / brax (incl. evals)", "systems.async.steady_sps_with_evals", "systems.brax.steady_sps_with_evals"),
+    ("jaxrose async / rollout ceiling (incl. evals)", "systems.async.steady_sps_with_evals",
+     "limits.rollout_ceiling_sps"),
+    ("jaxrose async rollout / jaxrose sequential", "systems.async.rollout_sps", "systems.sequential.steady_sps"),
     ("brax / rollout ceiling", "systems.brax.steady_sps", "limits.rollout_ceiling_sps"),
     ("brax / synchronous limit", "systems.brax.steady_sps", "limits.synchronous_limit_sps"),
 )
@@ -486,6 +540,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
                 elif name == "overlapped":
                     systems[name] = run_overlapped(config, sampler)
+                elif name == "async":
+                    systems[name] = run_async(config, sampler)
                 else:
                     systems[name], train_result = run_sequential(config, sampler)
             except Exception as e:  # one failed system must not lose the others' measurements

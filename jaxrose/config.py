@@ -148,6 +148,12 @@ class RunConfig:
     """SM quota of the evaluation process under MPS (None: no cap)."""
     use_mps: bool = True
     """Use a private MPS daemon for worker processes when the machine offers one."""
+    mode: Literal["sync", "async"] = "sync"
+    """sync: every update uses data from the current parameters (Rose keeps this exact). async:
+    env groups roll out in `actors` processes on their own, with a policy lag of at most
+    `max_policy_lag` updates (EBRL)."""
+    actors: int = 2
+    max_policy_lag: int = 1
     devices: int = 1
     """Local devices to spread env groups over (data parallel: env state sharded by group, gradients
     reduced by XLA's collectives). env.num_groups must be a multiple of it."""
@@ -162,6 +168,8 @@ class RunConfig:
         _require(self.eval_sm_percentage is None or 1 <= self.eval_sm_percentage <= 100,
                  f"run.eval_sm_percentage must be a percentage in [1, 100], got {self.eval_sm_percentage}.")
         _require(self.devices >= 1, f"run.devices must be >= 1, got {self.devices}.")
+        _require(self.actors >= 1, f"run.actors must be >= 1, got {self.actors}.")
+        _require(self.max_policy_lag >= 0, f"run.max_policy_lag must be >= 0, got {self.max_policy_lag}.")
         _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
 
 

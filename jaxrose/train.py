@@ -70,6 +70,10 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     Outputs (metrics.jsonl, TensorBoard events, checkpoints/, learning_curve.png) go to
     `config.run.out_dir` when `write_outputs` is true.
     """
+    if config.run.mode == "async":
+        from jaxrose.async_train import train_async
+
+        return train_async(config, callbacks, write_outputs)
     # Worker processes (and MPS) must be set up before this process touches its GPU.
     plan = Plan.load(config.run.plan) if config.run.plan else None
     helpers = {p: dict(plan.quotas).get(p) for p in plan.processes if p != MAIN} if plan else {}

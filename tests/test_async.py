@@ -56,3 +56,19 @@ def test_a_slow_group_does_not_stall_the_others(tiny_config):
 def test_actor_count_must_divide_groups(tiny_config):
     with pytest.raises(ConfigError, match=r"env\.num_groups \(2\) must be a multiple of the number of actors \(3\)"):
         AsyncTrainer(tiny_config, num_actors=3, max_lag=1)
+
+
+def test_train_in_async_mode_logs_lag_and_evaluates_on_schedule(tiny_config, tmp_path):
+    import json
+
+    from jaxrose import train
+
+    config = replace(tiny_config, **{"env.num_groups": 2, "run.mode": "async", "run.actors": 2,
+                                     "run.max_policy_lag": 1, "run.out_dir": str(tmp_path)})
+    result = train(config)
+    assert [e["iteration"] for e in result.evaluations] == [0, 2, 4]
+    assert max(result.async_result.lags) <= 1
+    assert result.async_result.env_steps >= config.num_iterations * config.env_steps_per_iteration
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/policy_lag_max" in r for r in records) and any("perf/rollout_sps" in r for r in records)
+    assert not multiprocessing.active_children()

@@ -40,7 +40,7 @@ def test_meta_records_where_and_how(bench_run):
 def test_every_system_ran_with_positive_throughput(bench_run):
     _, results, _ = bench_run
     systems = results["systems"]
-    assert set(systems) == {"brax", "sim", "sequential", "overlapped"}
+    assert set(systems) == {"brax", "sim", "sequential", "overlapped", "async"}
     for name, summary in systems.items():
         assert summary["status"] == "ok", (name, summary.get("reason"))
         assert _positive(summary["steady_sps"]), name
@@ -66,6 +66,14 @@ def test_systems_share_one_evaluation_schedule(bench_run):
     assert brax["steady_env_steps"] == sequential["steady_env_steps"] > 0
     overlapped = results["systems"]["overlapped"]
     assert overlapped["eval_env_steps"] == sequential["eval_env_steps"]
+
+
+def test_async_system_reports_its_rates_and_lags(bench_run):
+    _, results, _ = bench_run
+    summary = results["systems"]["async"]
+    assert summary["eval_env_steps"] == results["systems"]["sequential"]["eval_env_steps"]
+    assert _positive(summary["rollout_sps"]) and _positive(summary["updates_per_second"])
+    assert max(summary["policy_lags"]) <= results["config"]["run"]["max_policy_lag"]
 
 
 def test_overlapped_evaluation_keeps_the_same_results(bench_run):
@@ -111,7 +119,7 @@ def test_parse_args_defaults_and_lists():
     bench = parse_args(["--systems", "sim, sequential"])
     assert bench.systems == ("sim", "sequential")
     assert bench.preset == "ant-mlp" and bench.out_dir.endswith("ant-mlp")
-    assert parse_args([]).systems == ("brax", "sim", "sequential", "overlapped")
+    assert parse_args([]).systems == ("brax", "sim", "sequential", "overlapped", "async")
 
 
 @pytest.mark.parametrize("changes, message", [
