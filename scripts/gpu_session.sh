@@ -4,7 +4,9 @@
 #   mps     MPS attachment per quota and transport costs (~1 min)
 #   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)
 #   ovl     ant-mlp, 50M steps, evaluation overlapped in an MPS process (~3 min)
-#   tfm     pusher-transformer: sim ceiling and sequential, 10M steps (~4 min)
+#   tfm     pusher-transformer: sim ceiling, sequential, overlapped, 10M steps (~4 min)
+#   async   ant-mlp, 50M steps: asynchronous mode (2 actors, lag <= 1) and the sim ceiling (~4 min)
+#   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
 set -u
 . scripts/gpu_setup.sh || exit 1
 out=${OUT:-/tmp/out}
@@ -17,4 +19,9 @@ case "${1:?stage}" in
   tfm) timeout 500 python3 -m jaxrose.cli bench --preset pusher-transformer --total-env-steps 10000000 --num-evals 5 \
          --systems sim,sequential,overlapped --repeats 5 --out "$out/tfm" --record "$out/BENCH_tfm.md" \
          > "$out/tfm.log" 2>&1; grep "\[bench\]" "$out/tfm.log" ;;
+  async) timeout 500 python3 -m jaxrose.cli bench --preset ant-mlp --systems sim,async --repeats 5 \
+         --out "$out/async" --record "$out/BENCH_async.md" > "$out/async.log" 2>&1; grep "\[bench\]" "$out/async.log" ;;
+  plan) timeout 250 python3 -m jaxrose.cli plan --preset ant-mlp --out "$out/plan" > "$out/plan.log" 2>&1;
+        timeout 300 python3 -m jaxrose.cli tune --preset ant-mlp --iterations 5 --out "$out/tune" > "$out/tune.log" 2>&1;
+        tail -5 "$out/plan.log" "$out/tune.log" ;;
 esac
