@@ -85,30 +85,19 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return (ConfigError, CheckpointError, UnknownEnvironmentError, PlanError, WorkerError, NonFiniteError)
 
 
+# Each command's entry point, imported only when that command runs (they pull in heavy packages).
+COMMANDS = {"train": "jaxrose.cli:train_main", "presets": "jaxrose.cli:presets_main", "tune": "jaxrose.tune:main",
+            "plan": "jaxrose.plan_cli:main", "doctor": "jaxrose.doctor:main", "bench": "jaxrose.bench:main"}
+
+
 def _dispatch(command: str, args: list[str]) -> None:
-    if command == "train":
-        train_main(args)
-    elif command == "presets":
-        presets_main(args)
-    elif command == "tune":
-        from jaxrose.tune import main as tune_main
+    import importlib
 
-        tune_main(args)
-    elif command == "plan":
-        from jaxrose.plan_cli import main as plan_main
-
-        plan_main(args)
-    elif command == "doctor":
-        from jaxrose.doctor import main as doctor_main
-
-        doctor_main(args)
-    elif command == "bench":
-        from jaxrose.bench import main as bench_main
-
-        bench_main(args)
-    else:
+    if command not in COMMANDS:
         print(f"Unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
+    module, function = COMMANDS[command].split(":")
+    getattr(importlib.import_module(module), function)(args)
 
 
 if __name__ == "__main__":
