@@ -29,7 +29,8 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
     if run.resume:
         raise ConfigError("run.resume is not supported with run.mode='async' yet; resume in sync mode.")
     names = [f"actor{i}" for i in range(run.actors)]
-    envs = prepare_clients({**{n: None for n in names}, "evaluator": run.eval_sm_percentage}, run.use_mps)
+    envs = prepare_clients({**{n: None for n in names}, "evaluator": run.eval_sm_percentage}, run.use_mps,
+                           run.compile_cache)
     out_dir = os.path.abspath(run.out_dir)
     sinks = list(callbacks)
     if write_outputs:

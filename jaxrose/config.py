@@ -157,6 +157,9 @@ class RunConfig:
     devices: int = 1
     """Local devices to spread env groups over (data parallel: env state sharded by group, gradients
     reduced by XLA's collectives). env.num_groups must be a multiple of it."""
+    compile_cache: Optional[str] = None
+    """Folder for XLA's persistent compilation cache, shared with every worker process, so that
+    workers (re)start without compiling again (e.g. to change an MPS quota). None: off."""
     plan: Optional[str] = None
     """A plan file (JSON, from `Plan.save` or the planner) to run instead of the sequential schedule."""
 

@@ -137,7 +137,8 @@ class MpsDaemon:
         self.stop()
 
 
-def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True) -> dict[str, dict[str, str]]:
+def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
+                    compile_cache: Optional[str] = None) -> dict[str, dict[str, str]]:
     """Makes this process and the workers to come MPS clients of a private daemon, when possible.
 
     `quotas` maps each worker's name to its SM percentage (None: no cap). Returns each worker's
@@ -150,6 +151,9 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True) -> d
     from jax._src import xla_bridge
 
     envs = {name: {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} for name in quotas}  # the trainer holds most memory
+    if compile_cache:
+        for env in envs.values():
+            env.update(compile_cache_env(compile_cache))
     reason = unavailable_reason() if enabled else "MPS is switched off (run.use_mps)"
     if reason is None and xla_bridge.backends_are_initialized():
         reason = ("this process initialised its GPU before the MPS daemon could start; start training in a "
@@ -163,3 +167,9 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True) -> d
     elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
         warnings.warn(f"Worker processes share the GPU without MPS: {reason}.", stacklevel=3)
     return envs
+
+
+def compile_cache_env(folder: str) -> dict[str, str]:
+    """Environment that points a worker's JAX at the shared persistent compilation cache."""
+    return {"JAX_COMPILATION_CACHE_DIR": os.path.abspath(os.path.expanduser(folder)),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}

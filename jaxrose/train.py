@@ -70,6 +70,8 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     Outputs (metrics.jsonl, TensorBoard events, checkpoints/, learning_curve.png) go to
     `config.run.out_dir` when `write_outputs` is true.
     """
+    if config.run.compile_cache:
+        use_compile_cache(config.run.compile_cache)
     if config.run.mode == "async":
         from jaxrose.async_train import train_async
 
@@ -81,7 +83,7 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     worker_envs = {}
     if helpers or evaluating_remotely:
         quotas = {**helpers, **({"evaluator": config.run.eval_sm_percentage} if evaluating_remotely else {})}
-        worker_envs = prepare_clients(quotas, config.run.use_mps)
+        worker_envs = prepare_clients(quotas, config.run.use_mps, config.run.compile_cache)
     remote = None
     try:
         if evaluating_remotely:
@@ -96,6 +98,14 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
             remote.close()
         if executor is not None and hasattr(executor, "close"):
             executor.close()
+
+
+def use_compile_cache(folder: str) -> None:
+    """This process compiles through the persistent cache its workers share (`run.compile_cache`)."""
+    folder = os.path.abspath(os.path.expanduser(folder))
+    os.makedirs(folder, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 class _TrainingLoop:

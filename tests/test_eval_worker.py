@@ -58,3 +58,21 @@ def test_hung_evaluator_times_out(tiny_config):
         os.kill(evaluator.worker.process.pid, signal.SIGCONT)
         evaluator.close()
     assert not evaluator.worker.process.is_alive()
+
+
+def test_workers_share_the_persistent_compile_cache(tiny_config, tmp_path):
+    """With run.compile_cache, the evaluation worker compiles into the shared folder: a restarted
+    worker (e.g. for a new MPS quota) then finds its programs there."""
+    cache = tmp_path / "xla-cache"
+    config = replace(tiny_config, **{"run.out_dir": str(tmp_path / "run"), "run.eval_mode": "process",
+                                     "run.compile_cache": str(cache)})
+    import jax
+
+    previous = jax.config.jax_compilation_cache_dir
+    try:
+        train(config)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", previous)
+    entries = list(cache.iterdir())
+    assert entries, "the cache folder holds compiled programs"
+    assert any("evaluate" in p.name for p in entries), [p.name for p in entries][:5]
