@@ -150,11 +150,10 @@ class AsyncTrainer:
             self._gather(ready, needed, timeout)
             take = urgent if urgent else [min(ready, key=lambda i: ready[i][0])]
             depths.append(len(ready))
-            versions = [ready[i][0] for i in take]
+            batch_lags = [version - ready[i][0] for i in take]
             trajectory = _concatenate([ready.pop(i)[1] for i in take])
-            lag = version - min(versions)
-            lags.extend(version - v for v in versions)
-            batch, stats = self._batch(trajectory, learner, lag)
+            lags.extend(batch_lags)
+            batch, stats = self._batch(trajectory, learner, max(batch_lags))
             learner, _ = self._update(learner, batch)
             version += 1
             done += 1
@@ -167,7 +166,7 @@ class AsyncTrainer:
                 self.actors[i].send(("params", version, *host_params))
                 params_sent[i] = version
             if on_update is not None:
-                on_update(done, consumed, learner, {"lags": [version - 1 - v for v in versions], "queue_depth": depths[-1],
+                on_update(done, consumed, learner, {"lags": batch_lags, "queue_depth": depths[-1],
                                                  "episode_return": float(stats["episode_return"]),
                                                  "episodes": float(stats["episodes"])})
         wall = time.perf_counter() - start

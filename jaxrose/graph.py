@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Optional
 
-from jaxrose.program import Program
+from jaxrose.program import Loop, Program, Stage
 
 ITERATION = "iteration"
 
@@ -106,8 +106,6 @@ def build_graph(program: Program, inputs: Iterable[str]) -> DataflowGraph:
 
 
 def _stacked_writers(program: Program) -> dict[str, set[str]]:
-    from jaxrose.program import Loop, Stage
-
     result: dict[str, set[str]] = {}
 
     def writers(nodes, name) -> set[str]:

@@ -14,10 +14,9 @@ import jax
 from jaxrose.config import TrainConfig, replace
 from jaxrose.graph import build_graph
 from jaxrose.plan import Plan, chunk_program, validate
-from jaxrose.ppo import LearnerState
 from jaxrose.ppo_program import ITERATION_INPUTS, run_state_to_program_state
 from jaxrose.program import run_program
-from jaxrose.sequential import RunState, SequentialExecutor, health
+from jaxrose.sequential import RunState, SequentialExecutor, health, next_run_state
 
 
 class PlanExecutor(SequentialExecutor):
@@ -31,23 +30,32 @@ class PlanExecutor(SequentialExecutor):
         self._chunk_fns = [jax.jit(_chunk_runner(chunk_program(self.program, chunk))) for chunk in plan.chunks]
         self._compiled_chunks = None
 
+    def _runs_here(self, chunk) -> bool:
+        """In one process every chunk runs here; the multi-process runtime keeps only the main ones."""
+        return True
+
+    def _local_fns(self):
+        return self._compiled_chunks or [fn for fn, c in zip(self._chunk_fns, self.plan.chunks) if self._runs_here(c)]
+
     def compile(self, state: RunState) -> float:
         start = time.perf_counter()
         values = jax.eval_shape(run_state_to_program_state, state)
         compiled = []
-        for fn in self._chunk_fns:
+        for fn in self._local_fns():
             compiled.append(fn.lower(values).compile())
             values = jax.eval_shape(fn, values)
         self._compiled_chunks = compiled
         return time.perf_counter() - start
 
-    def step(self, state: RunState) -> tuple[RunState, dict]:
+    def _run_local(self, state: RunState) -> dict:
         values = run_state_to_program_state(state)
-        for fn in self._compiled_chunks or self._chunk_fns:
+        for fn in self._local_fns():
             values = fn(values)
-        learner = LearnerState(values["params"], values["opt_state"], values["normalizer"], values["learner_key"])
-        return RunState(learner, values["env_state"], values["key"], state.iteration + 1), {**values["metrics"],
-                                                                                           **health(values)}
+        return values
+
+    def step(self, state: RunState) -> tuple[RunState, dict]:
+        values = self._run_local(state)
+        return next_run_state(values, state), {**values["metrics"], **health(values)}
 
 
 def _chunk_runner(program):

@@ -54,7 +54,7 @@ class Schedule:
         return max(i.end for i in self.intervals)
 
     def iteration_seconds(self) -> float:
-        """Steady time per iteration: the spacing of the last two iterations' first chunks' ends."""
+        """Steady time per iteration: the spacing between the ends of the last two iterations."""
         ends = {}
         for i in self.intervals:
             ends[i.iteration] = max(ends.get(i.iteration, 0.0), i.end)

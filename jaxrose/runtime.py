@@ -20,7 +20,7 @@ from jaxrose.config import TrainConfig
 from jaxrose.plan import Plan, PlanError, chunk_program
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.program import Program, run_program, writes_of
-from jaxrose.sequential import RunState, SequentialExecutor, health
+from jaxrose.sequential import RunState, SequentialExecutor, health, next_run_state
 from jaxrose.transport import SharedTree, SharedTreeReader
 from jaxrose.workers import Worker
 
@@ -69,7 +69,6 @@ class MultiProcessPlanExecutor(PlanExecutor):
                                 f"runtime keeps the critical path in the main process (a hand-off per iteration "
                                 f"on it costs more than it saves). Defer it or place it on {MAIN!r}.")
         self.timeout = timeout
-        self._main_fns = [fn for fn, c in zip(self._chunk_fns, plan.chunks) if c.process == MAIN]
         self.helpers: dict[str, Worker] = {}
         self._inputs: dict[str, list[str]] = {}
         self._buffers: dict[str, list[SharedTree]] = {}
@@ -90,37 +89,15 @@ class MultiProcessPlanExecutor(PlanExecutor):
             self.close()
             raise
 
-    def compile(self, state: RunState) -> float:
-        start = time.perf_counter()
-        values = jax.eval_shape(lambda s: self._values(s), state)
-        compiled = []
-        for fn, chunk in zip(self._chunk_fns, self.plan.chunks):
-            if chunk.process == MAIN:
-                compiled.append(fn.lower(values).compile())
-                values = jax.eval_shape(fn, values)
-        self._main_compiled = compiled
-        return time.perf_counter() - start
-
-    def _values(self, state):
-        from jaxrose.ppo_program import run_state_to_program_state
-
-        return run_state_to_program_state(state)
+    def _runs_here(self, chunk) -> bool:
+        return chunk.process == MAIN
 
     def step(self, state: RunState) -> tuple[RunState, dict]:
-        values = self._values(state)
-        for fn in getattr(self, "_main_compiled", None) or self._main_fns:
-            values = fn(values)
+        values = self._run_local(state)
         iteration = int(state.iteration)
         for process, worker in self.helpers.items():
             self._send(process, worker, iteration, {name: values[name] for name in self._inputs[process]})
-        new_state = self._run_state(values, state)
-        return new_state, {**values.get("metrics", {}), **health(values)}
-
-    def _run_state(self, values, state) -> RunState:
-        from jaxrose.ppo import LearnerState
-
-        learner = LearnerState(values["params"], values["opt_state"], values["normalizer"], values["learner_key"])
-        return RunState(learner, values["env_state"], values["key"], state.iteration + 1)
+        return next_run_state(values, state), {**values.get("metrics", {}), **health(values)}
 
     def _send(self, process: str, worker: Worker, iteration: int, inputs: dict) -> None:
         # Double buffering: buffer iteration % 2 is free once the helper answered iteration - 2.

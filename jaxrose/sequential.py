@@ -45,6 +45,12 @@ def health(out: dict) -> dict:
             "health/sgd_step_params": _all_finite(out["params"]).astype(jnp.float32)}
 
 
+def next_run_state(values: dict, state: RunState) -> RunState:
+    """The RunState after one iteration, from the program's values at its end."""
+    learner = LearnerState(values["params"], values["opt_state"], values["normalizer"], values["learner_key"])
+    return RunState(learner, values["env_state"], values["key"], state.iteration + 1)
+
+
 def make_env(config: TrainConfig) -> envs.Env:
     """The run's single env: the registered task, with the policy's observation history if it has one."""
     env = envs.make(config.env.name)
@@ -103,8 +109,7 @@ class SequentialExecutor:
 
     def _iteration(self, state: RunState) -> tuple[RunState, dict]:
         out = run_program(self.program, run_state_to_program_state(state))
-        learner = LearnerState(out["params"], out["opt_state"], out["normalizer"], out["learner_key"])
-        return RunState(learner, out["env_state"], out["key"], state.iteration + 1), {**out["metrics"], **health(out)}
+        return next_run_state(out, state), {**out["metrics"], **health(out)}
 
     def collect(self, params, normalizer, env_state, key):
         """One iteration's rollout alone: (env_state, batch, episode stats), e.g. to time the learner."""
