@@ -548,6 +548,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                 traceback.print_exc()
                 systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
             _log(f"{SYSTEM_LABELS[name]}: {_one_line(systems[name])}")
+            _write_partial(bench, systems)  # a run cut short by a time limit keeps what it measured
         if systems.get("sim", {}).get("status") == "ok":
             # Reuse the trained executor when there is one: no second env build or trace.
             executor, state = (train_result.executor, train_result.state) if train_result else (None, None)
@@ -577,6 +578,12 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
             summary["window"] = [t - origin for t in summary["window"]]
     write_outputs(results, bench)
     return results
+
+
+def _write_partial(bench: BenchConfig, systems: dict) -> None:
+    os.makedirs(bench.out_dir, exist_ok=True)
+    with open(os.path.join(bench.out_dir, "partial.json"), "w") as f:
+        json.dump(_jsonable(systems), f, indent=2, allow_nan=False)
 
 
 def _meta(bench: BenchConfig, command: Optional[str], sampler) -> dict:
