@@ -618,6 +618,8 @@ def _bench_args(bench: BenchConfig) -> str:
 
 
 def _git_state() -> dict:
+    if os.environ.get("JAXROSE_GIT_COMMIT"):  # a copied checkout (the GPU machine's) may carry a stale .git
+        return {"git_commit": os.environ["JAXROSE_GIT_COMMIT"], "git_dirty": None}
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,

@@ -7,6 +7,8 @@ brax's one-sample estimate of it.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
@@ -23,9 +25,16 @@ def _tanh_log_det_jacobian(raw: jax.Array) -> jax.Array:
     return 2.0 * (jnp.log(2.0) - raw - jax.nn.softplus(-2.0 * raw))
 
 
-def sample_raw(logits: jax.Array, key: jax.Array) -> jax.Array:
+def sample_raw(logits: jax.Array, key: jax.Array, group_slice: Optional[tuple[int, int, int]] = None) -> jax.Array:
+    """A raw (pre-tanh) sample. `group_slice=(start, count, total)`: `logits` are groups
+    `start .. start + count` of `total` (leading axis); the noise is that slice of the noise drawn
+    for all groups, so a process that holds some groups samples exactly what one holding all would."""
     loc, scale = split_params(logits)
-    return loc + scale * jax.random.normal(key, loc.shape)
+    if group_slice is None:
+        return loc + scale * jax.random.normal(key, loc.shape)
+    start, count, total = group_slice
+    noise = jax.random.normal(key, (total,) + loc.shape[1:])
+    return loc + scale * jax.lax.dynamic_slice_in_dim(noise, start, count, axis=0)
 
 
 def mode(logits: jax.Array) -> jax.Array:

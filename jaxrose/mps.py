@@ -65,6 +65,7 @@ class MpsDaemon:
     def __init__(self):
         self.root: Optional[str] = None
         self.running = False
+        self.stops_with_process = False
 
     @property
     def pipe_dir(self) -> str:
@@ -106,6 +107,8 @@ class MpsDaemon:
 
     def stop(self) -> None:
         """Asks the daemon to quit (after its clients have exited) and removes its folders."""
+        if self.stops_with_process:
+            return
         if self.running:
             subprocess.run([CONTROL_BINARY], input="quit\n", env=self._env(), capture_output=True, text=True,
                            timeout=30)
@@ -126,8 +129,7 @@ class MpsDaemon:
                   f"echo quit | {CONTROL_BINARY}; rm -rf '{self.root}'")
         subprocess.Popen(["sh", "-c", script], env=self._env(), start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.running = False
-        self.root = None
+        self.stops_with_process = True  # `stop` is the watcher's job now; clients can still be added
 
     def __enter__(self) -> "MpsDaemon":
         self.start()
@@ -135,6 +137,9 @@ class MpsDaemon:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_controller_daemon: Optional[MpsDaemon] = None  # this process's private daemon, once started
 
 
 def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
@@ -154,16 +159,21 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
     if compile_cache:
         for env in envs.values():
             env.update(compile_cache_env(compile_cache))
+    global _controller_daemon
     reason = unavailable_reason() if enabled else "MPS is switched off (run.use_mps)"
-    if reason is None and xla_bridge.backends_are_initialized():
+    if reason is None and _controller_daemon is None and xla_bridge.backends_are_initialized():
         reason = ("this process initialised its GPU before the MPS daemon could start; start training in a "
                   "fresh process (e.g. the `jaxrose train` command)")
-    daemon = MpsDaemon()
-    if reason is None and daemon.start():
-        os.environ.update(daemon.client_env())
+    if reason is None and _controller_daemon is None:
+        daemon = MpsDaemon()
+        if daemon.start():
+            os.environ.update(daemon.client_env())
+            daemon.stop_when_process_exits(os.getpid())
+            _controller_daemon = daemon
+    if reason is None and _controller_daemon is not None:
+        # Later calls (one per plan measured while tuning) add clients to the same daemon.
         for name, quota in quotas.items():
-            envs[name].update(daemon.client_env(quota))
-        daemon.stop_when_process_exits(os.getpid())
+            envs[name].update(_controller_daemon.client_env(quota))
     elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
         warnings.warn(f"Worker processes share the GPU without MPS: {reason}.", stacklevel=3)
     return envs

@@ -71,7 +71,7 @@ class ActorCritic(NamedTuple):
     init: Callable[[jax.Array], Params]
     policy_logits: Callable[[Params, normalization.RunningStats, jax.Array], jax.Array]
     value: Callable[[Params, normalization.RunningStats, jax.Array], jax.Array]
-    act: Callable  # (params, normalizer, obs, key) -> (action, extras)
+    act: Callable  # (params, normalizer, obs, key, group_slice=None) -> (action, extras)
     act_deterministic: Callable  # (params, normalizer, obs) -> action
 
 
@@ -100,9 +100,9 @@ def make_actor_critic(observation_size: int, action_size: int, config: NetworkCo
     def value(params, stats, obs):
         return jnp.squeeze(value_net.apply(params.value, preprocess(stats, obs)), axis=-1)
 
-    def act(params, stats, obs, key):
+    def act(params, stats, obs, key, group_slice=None):
         logits = policy_logits(params, stats, obs)
-        raw_action = distribution.sample_raw(logits, key)
+        raw_action = distribution.sample_raw(logits, key, group_slice)
         extras = {"raw_action": raw_action, "log_prob": distribution.log_prob(logits, raw_action)}
         return distribution.postprocess(raw_action), extras
 

@@ -31,6 +31,9 @@ class Chunk:
     nodes: tuple[str, ...]
     process: str = "main"
     deferred: bool = False
+    group_processes: tuple[str, ...] = ()
+    """Non-empty: the env groups are spread over these processes, each running this chunk for its
+    share of the groups, all at once (see `spread_groups`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +47,12 @@ class Plan:
 
     @property
     def processes(self) -> list[str]:
-        return list(dict.fromkeys(c.process for c in self.chunks))
+        return list(dict.fromkeys(p for c in self.chunks for p in (c.group_processes or (c.process,))))
+
+    @property
+    def spread_chunk(self) -> Optional[Chunk]:
+        """The chunk whose env groups are spread over processes, if any."""
+        return next((c for c in self.chunks if c.group_processes), None)
 
     def chunk(self, name: str) -> Chunk:
         for chunk in self.chunks:
@@ -61,7 +69,8 @@ class Plan:
         if data.pop("format", None) != PLAN_FORMAT:
             raise PlanError(f"Plan file format is not {PLAN_FORMAT}; it was written by another jaxrose version. "
                             f"Re-run `jaxrose tune` to make a new plan.")
-        chunks = tuple(Chunk(c["name"], tuple(c["nodes"]), c["process"], c["deferred"]) for c in data["chunks"])
+        chunks = tuple(Chunk(c["name"], tuple(c["nodes"]), c["process"], c["deferred"],
+                             tuple(c.get("group_processes", ()))) for c in data["chunks"])
         return Plan(data["program"], chunks, data["num_groups"], tuple(tuple(q) for q in data["quotas"]),
                     tuple(data["history"]))
 
@@ -80,7 +89,8 @@ class Plan:
         quotas = dict(self.quotas)
         for chunk in self.chunks:
             quota = quotas.get(chunk.process)
-            lines.append(f"  {chunk.name:24s} process={chunk.process}"
+            where = "+".join(chunk.group_processes) + " (groups spread)" if chunk.group_processes else chunk.process
+            lines.append(f"  {chunk.name:24s} process={where}"
                          f"{f' ({quota}% SMs)' if quota else ''}{' deferred' if chunk.deferred else ''}: "
                          f"{' → '.join(chunk.nodes)}")
         if self.history:
@@ -116,6 +126,8 @@ def validate(plan: Plan, program: Program, graph: DataflowGraph) -> None:
     for chunk in plan.chunks:
         if chunk.deferred:
             _check_deferrable(plan, program, graph, chunk)
+        if chunk.group_processes:
+            _check_spreadable(plan, program, graph, chunk)
 
 
 # -- transformations --------------------------------------------------------------------------------
@@ -167,6 +179,59 @@ def place(plan: Plan, chunk_name: str, process: str, sm_percentage: Optional[int
     return dataclasses.replace(plan, chunks=_replace_chunk(plan.chunks, chunk_name, (chunk,)),
                                quotas=tuple(quotas.items()),
                                history=plan.history + (f"place {chunk_name} on {process}",))
+
+
+GROUP_LOCAL_COMPONENTS = frozenset({"policy", "env", "rng"})
+GROUP_RESIDENT_STATE = "env_state"  # laid out by group; stays in the process that steps those groups
+
+
+def spread_groups(plan: Plan, program: Program, graph: DataflowGraph, chunk_name: str,
+                  processes: tuple[str, ...], sm_percentage: Optional[int] = None) -> Plan:
+    """Spreads the env groups over `processes`: each runs `chunk_name` (the rollout: inference and
+    simulation) for its share of the groups, all at once, so under MPS one group's inference
+    overlaps another's simulation. Parameters go out once per iteration and each process's unrolls
+    come back once; each group's env state stays in its process.
+
+    Legal when the chunk opens the iteration, every stage in it is group-local (components
+    policy, env, rng: no reduction across groups), the groups divide evenly, and no stage outside the
+    chunk reads the env state (it never leaves the group processes during training).
+    """
+    if sm_percentage is not None and not 1 <= sm_percentage <= 100:
+        raise PlanError(f"An SM quota is a percentage in [1, 100], got {sm_percentage}.")
+    processes = tuple(processes)
+    spread = dataclasses.replace(plan.chunk(chunk_name), process=processes[0] if processes else "main",
+                                 group_processes=processes)
+    quotas = dict(plan.quotas)
+    for process in processes:
+        quotas[process] = sm_percentage if sm_percentage is not None else quotas.get(process)
+    new = dataclasses.replace(plan, chunks=_replace_chunk(plan.chunks, chunk_name, (spread,)),
+                              quotas=tuple(quotas.items()),
+                              history=plan.history + (f"spread {chunk_name} over {len(processes)} group processes",))
+    _check_spreadable(new, program, graph, spread)
+    return new
+
+
+def _check_spreadable(plan: Plan, program: Program, graph: DataflowGraph, chunk: Chunk) -> None:
+    processes = chunk.group_processes
+    if len(processes) < 2 or len(set(processes)) != len(processes) or "main" in processes:
+        raise PlanError(f"Spreading groups needs two or more distinct processes other than 'main', got {processes}.")
+    if plan.num_groups is None or plan.num_groups % len(processes):
+        raise PlanError(f"Cannot spread {plan.num_groups or 'the configured'} env groups evenly over "
+                        f"{len(processes)} processes; split the envs into a multiple of {len(processes)} groups "
+                        f"first (split_groups).")
+    if plan.chunks[0].name != chunk.name or chunk.deferred or sum(bool(c.group_processes) for c in plan.chunks) > 1:
+        raise PlanError(f"Only the one chunk that opens the iteration can spread its groups; {chunk.name!r} does not.")
+    inside = set(stages_of(program, chunk.nodes))
+    for node in graph.nodes:
+        if node.name in inside and node.component not in GROUP_LOCAL_COMPONENTS:
+            raise PlanError(f"Stage {node.name!r} ({node.component}) in chunk {chunk.name!r} is not group-local "
+                            f"(only {', '.join(sorted(GROUP_LOCAL_COMPONENTS))} stages are); split the chunk "
+                            f"before it.")
+        if node.name not in inside and GROUP_RESIDENT_STATE in node.reads:
+            raise PlanError(f"Stage {node.name!r} outside chunk {chunk.name!r} reads {GROUP_RESIDENT_STATE!r}, which "
+                            f"stays in the group processes once the groups are spread.")
+    if any(c.process in processes for c in plan.chunks if c is not chunk and c.name != chunk.name):
+        raise PlanError(f"Group processes {processes} run only the spread chunk; place other chunks elsewhere.")
 
 
 def defer(plan: Plan, program: Program, graph: DataflowGraph, chunk_name: str) -> Plan:

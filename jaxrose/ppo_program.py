@@ -35,8 +35,12 @@ from jaxrose.program import Loop, Program, Stage, run_program
 ITERATION_INPUTS = ("params", "opt_state", "normalizer", "learner_key", "env_state", "key")
 
 
-def rollout_nodes(env, net: ActorCritic, config: TrainConfig) -> tuple:
-    """Collects `config.unrolls_per_iteration` unrolls of `unroll_length` steps: writes `unrolls`."""
+def rollout_nodes(env, net: ActorCritic, config: TrainConfig, group_slice: tuple[int, int, int] | None = None) -> tuple:
+    """Collects `config.unrolls_per_iteration` unrolls of `unroll_length` steps: writes `unrolls`.
+
+    `group_slice=(start, count, total)` builds the rollout of env groups `start .. start + count` of
+    `total` (`env` then holds `count` groups): its samples are exactly those groups' samples in the
+    rollout of all groups, which is what lets a plan spread groups over processes."""
     keep_final_obs = config.ppo.bootstrap_on_truncation
 
     def split_iteration_key(key):
@@ -49,7 +53,7 @@ def rollout_nodes(env, net: ActorCritic, config: TrainConfig) -> tuple:
 
     def policy_inference(params, normalizer, env_state, step_key):
         step_key, act_key = jax.random.split(step_key)
-        action, extras = net.act(params, normalizer, env_state.obs, act_key)
+        action, extras = net.act(params, normalizer, env_state.obs, act_key, group_slice)
         return {"step_key": step_key, "action": action, "policy_extras": extras, "obs": env_state.obs}
 
     def env_step(env_state, action, policy_extras, obs):

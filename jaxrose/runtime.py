@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import jax
 
 from jaxrose.config import TrainConfig
+from jaxrose.mps import prepare_clients
 from jaxrose.plan import Plan, PlanError, chunk_program
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.program import Program, run_program, writes_of
@@ -68,6 +69,10 @@ class MultiProcessPlanExecutor(PlanExecutor):
                 raise PlanError(f"Chunk {chunk.name!r} is on process {chunk.process!r} but not deferred: this "
                                 f"runtime keeps the critical path in the main process (a hand-off per iteration "
                                 f"on it costs more than it saves). Defer it or place it on {MAIN!r}.")
+        if worker_env is None:  # each helper an MPS client at its planned quota, where MPS is available
+            quotas = dict(plan.quotas)
+            worker_env = prepare_clients({p: quotas.get(p) for p in plan.processes if p != MAIN},
+                                         config.run.use_mps, config.run.compile_cache)
         self.timeout = timeout
         self.helpers: dict[str, Worker] = {}
         self._inputs: dict[str, list[str]] = {}

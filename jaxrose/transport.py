@@ -109,3 +109,157 @@ def measure_round_trip(tree: Any, repeats: int = 20) -> dict:
     nbytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))
     median = float(np.median(seconds))
     return {"bytes": nbytes, "median_seconds": median, "gb_per_s": nbytes / median / 1e9}
+
+
+# -- fixed-shape buffers owned by the controller ------------------------------------------------------
+
+
+class HostBuffers:
+    """One shared-memory segment per leaf of a tree of fixed shapes, created (and unlinked) by the
+    controller; a worker attaches with `attach(buffers.describe())`. Either side reads and writes;
+    the pipe messages around each hand-off say when a side may (the runtime's protocol)."""
+
+    kind = "host"
+
+    def __init__(self, shapes: Any):
+        leaves, self._treedef = jax.tree.flatten(shapes)
+        self._segments = [shared_memory.SharedMemory(create=True, size=max(1, _nbytes(x))) for x in leaves]
+        self._specs = [LeafSpec(s.name, tuple(x.shape), np.dtype(x.dtype).str) for s, x in zip(self._segments, leaves)]
+        self._arrays = [np.ndarray(spec.shape, spec.dtype, buffer=s.buf) for s, spec in zip(self._segments, self._specs)]
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "specs": self._specs, "treedef": self._treedef}
+
+    def write(self, tree: Any) -> None:
+        for array, leaf in zip(self._arrays, _leaves_like(tree, self._treedef)):
+            array[...] = np.asarray(jax.device_get(leaf))
+
+    def read(self) -> Any:
+        return jax.tree.unflatten(self._treedef, [np.array(a) for a in self._arrays])
+
+    def close(self) -> None:
+        self._arrays.clear()
+        for segment in self._segments:
+            segment.close()
+            try:
+                segment.unlink()
+            except FileNotFoundError:
+                pass
+        self._segments.clear()
+
+
+class HostBuffersView(HostBuffers):
+    """A worker's side of `HostBuffers`: attaches to the segments, never unlinks them."""
+
+    def __init__(self, description: dict):
+        self._treedef, self._specs = description["treedef"], description["specs"]
+        self._segments = [_attach(spec.segment) for spec in self._specs]
+        self._arrays = [np.ndarray(spec.shape, spec.dtype, buffer=s.buf) for s, spec in zip(self._segments, self._specs)]
+
+    def close(self) -> None:
+        self._arrays.clear()
+        for segment in self._segments:
+            segment.close()
+        self._segments.clear()
+
+
+def make_buffers(shapes: Any, kind: str = "host"):
+    """Controller side: buffers for a tree of these shapes; `kind` "host" (shared memory) or
+    "device" (CUDA IPC memory on the GPU, `jaxrose.gpu_transport`)."""
+    if kind == "device":
+        from jaxrose.gpu_transport import DeviceBuffers
+
+        return DeviceBuffers(shapes)
+    return HostBuffers(shapes)
+
+
+def attach(description: dict):
+    """Worker side: the buffers `description` (from `describe()`) names."""
+    if description["kind"] == "device":
+        from jaxrose.gpu_transport import DeviceBuffersView
+
+        return DeviceBuffersView(description)
+    return HostBuffersView(description)
+
+
+def transport_kind(requested: str = "auto") -> str:
+    """"device" on a GPU where CuPy can export IPC memory, else "host"; "auto" falls back with a warning."""
+    if requested not in ("auto", "host", "device"):
+        raise ValueError(f"run.transport must be auto, host or device, got {requested!r}.")
+    if requested == "host" or jax.default_backend() != "gpu":
+        if requested == "device":
+            raise ValueError("run.transport is 'device' but JAX runs on "
+                             f"{jax.default_backend()}; use 'host' or 'auto'.")
+        return "host"
+    from jaxrose.gpu_transport import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is None:
+        return "device"
+    if requested == "device":
+        raise ValueError(f"run.transport is 'device' but {reason}; install CuPy for your CUDA or use 'host'.")
+    import warnings
+
+    warnings.warn(f"Worker hand-offs go through host memory: {reason}.", stacklevel=2)
+    return "host"
+
+
+def _nbytes(x) -> int:
+    return int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+
+
+def _leaves_like(tree: Any, treedef) -> list:
+    leaves, structure = jax.tree.flatten(tree)
+    if structure != treedef:
+        raise ValueError(f"Tree structure {structure} does not match the buffers' {treedef}.")
+    return leaves
+
+
+def _echo(conn, request: dict, reply_shapes: Any) -> None:
+    requests, replies = attach(request), None
+    device = jax.devices()[0]
+    conn.send(("ready", {"platform": device.platform}))
+    try:
+        while True:
+            message = conn.recv()
+            if message[0] == "stop":
+                return
+            if replies is None:
+                replies = attach(message[1])
+            replies.write(requests.read())
+            conn.send(("done",))
+    finally:
+        requests.close()
+        if replies is not None:
+            replies.close()
+
+
+def measure_hand_off(tree: Any, kind: str = "host", repeats: int = 20, env: dict | None = None) -> dict:
+    """Cross-process cost of handing `tree` to a worker and back (two hand-offs, each a copy into
+    the buffers, a pipe message, and a copy out), timed in the controller after a warm-up trip."""
+    from jaxrose.workers import Worker
+
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+    requests, replies = make_buffers(shapes, kind), make_buffers(shapes, kind)
+    worker = Worker("hand-off", _echo, (requests.describe(), shapes), env or {})
+    try:
+        worker.start(120)
+        seconds = []
+        for trip in range(repeats + 1):
+            start = time.perf_counter()
+            requests.write(tree)
+            worker.send(("run", replies.describe() if trip == 0 else None))
+            worker.receive(60)
+            out = replies.read()
+            jax.block_until_ready(out)
+            if trip:
+                seconds.append(time.perf_counter() - start)
+        np.testing.assert_array_equal(np.asarray(jax.tree.leaves(out)[0]), np.asarray(jax.tree.leaves(tree)[0]))
+    finally:
+        worker.stop()
+        requests.close()
+        replies.close()
+    nbytes = sum(_nbytes(x) for x in jax.tree.leaves(shapes))
+    median = float(np.median(seconds))
+    return {"kind": kind, "bytes": nbytes, "round_trip_median_seconds": median,
+            "one_way_seconds": median / 2, "gb_per_s_one_way": nbytes / (median / 2) / 1e9}

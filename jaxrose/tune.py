@@ -58,22 +58,29 @@ class TuneResult:
         return self.baseline_seconds / self.final_seconds
 
 
-def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: int = 0) -> list[float]:
+def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: Optional[int] = None,
+                 sampler=None) -> list[float]:
     """Seconds per iteration of `plan`, each timed from dispatch to metrics on the host, after one
-    warm-up iteration; helper processes (if any) run for real and are drained at the end."""
+    warm-up iteration; helper processes (if any) run for real and are drained at the end. With a
+    `sampler` (`GpuActivitySampler`), the timed window is marked `measure/start` .. `measure/end`,
+    so SM activity can be read over it without the compilation."""
     helpers = [p for p in plan.processes if p != MAIN]
     executor = MultiProcessPlanExecutor(config, plan) if helpers else PlanExecutor(config, plan)
     try:
-        state = executor.init(jax.random.PRNGKey(seed))
+        state = executor.init(jax.random.PRNGKey(config.run.seed if seed is None else seed))
         executor.compile(state)
         state, metrics = executor.step(state)
         jax.block_until_ready(metrics)
         seconds = []
+        if sampler is not None:
+            sampler.mark("measure/start")
         for _ in range(iterations):
             start = time.perf_counter()
             state, metrics = executor.step(state)
             jax.device_get(metrics)
             seconds.append(time.perf_counter() - start)
+        if sampler is not None:
+            sampler.mark("measure/end")
         if helpers:
             executor.drain()
         return seconds
@@ -165,6 +172,9 @@ def main(args: list[str]) -> None:
     for name in ("overlap", "restructure", "quotas", "validate"):
         parser.add_argument(f"--no-{name}", action="store_true", help=f"switch the {name} optimization off")
     options = parser.parse_args(args)
+    from jaxrose.mps import prepare_clients
+
+    prepare_clients({})  # attach this process to a private MPS daemon before its GPU starts, when possible
     switches = Switches(*(not getattr(options, f"no_{n}") for n in ("overlap", "restructure", "quotas", "validate")))
     result = tune(get_preset(options.preset), switches, options.max_candidates, options.iterations)
     out = options.out or os.path.join("plans", options.preset)

@@ -1,0 +1,127 @@
+"""Env groups spread over real worker processes: same parameters as the sequential executor."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrose.config import replace
+from jaxrose.graph import build_graph
+from jaxrose.group_runtime import GroupSpreadExecutor
+from jaxrose.plan import Plan, PlanError, sequential_plan, split_chunk, split_groups, spread_groups
+from jaxrose.plan_executor import PlanExecutor
+from jaxrose.ppo_program import ITERATION_INPUTS
+from jaxrose.sequential import SequentialExecutor
+from jaxrose.transport import measure_hand_off
+from jaxrose.workers import WorkerError
+
+
+def runtime_segments(runtime) -> set[str]:
+    """The shared-memory segments of the runtime's transport buffers."""
+    buffers = [runtime._broadcast, *runtime._results]
+    return {spec.segment for b in buffers if b is not None for spec in b.describe()["specs"]}
+
+
+def existing(segments: set[str]) -> set[str]:
+    return {s for s in segments if os.path.exists(os.path.join("/dev/shm", s))}
+
+
+def spread_plan(config, groups=4, processes=("g0", "g1")):
+    program = SequentialExecutor(config).program
+    graph = build_graph(program, ITERATION_INPUTS)
+    plan = split_chunk(split_groups(sequential_plan(program), groups, config.env.num_envs), "iteration",
+                       "prepare_batch")
+    return spread_groups(plan, program, graph, plan.chunks[0].name, processes), program, graph
+
+
+def test_spread_groups_equals_sequential(tiny_config):
+    config = replace(tiny_config, **{"env.num_groups": 4})
+    sequential = SequentialExecutor(config)
+    state = sequential.init(jax.random.PRNGKey(3))
+    expected = []
+    for _ in range(3):
+        state, metrics = sequential.step(state)
+        expected.append(jax.device_get(metrics))
+
+    plan, _, _ = spread_plan(config)
+    assert plan.processes == ["g0", "g1", "main"]
+    runtime = GroupSpreadExecutor(config, Plan.from_json(plan.to_json()), timeout=120)
+    try:
+        other = runtime.init(jax.random.PRNGKey(3))
+        runtime.compile(other)
+        for k in range(3):
+            other, metrics = runtime.step(other)
+            got = jax.device_get(metrics)
+            for name, value in expected[k].items():
+                np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+        # Parameters: the same arithmetic on the same values, so bitwise on CPU.
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(other.learner), jax.device_get(state.learner))
+        # The env state lives in the group processes; materialize brings back exactly the sequential one.
+        live = runtime.materialize(other)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(live.env_state), jax.device_get(state.env_state))
+        # Restarting from a materialized state (as after a checkpoint restore) continues identically.
+        state, _ = sequential.step(state)
+        runtime._resident_iteration = None  # as in a fresh executor: the state's env state is loaded
+        other, _ = runtime.step(live)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(other.learner), jax.device_get(state.learner))
+        segments = runtime_segments(runtime)
+        assert existing(segments) == segments and len(segments) > 0
+        processes = [w.process for w in runtime.workers]
+    finally:
+        runtime.close()
+    assert not [p for p in processes if p.is_alive()]
+    assert not existing(segments), "shared-memory segments leaked"
+
+
+def test_illegal_spreads_are_refused(tiny_config):
+    config = replace(tiny_config, **{"env.num_groups": 4})
+    program = SequentialExecutor(config).program
+    graph = build_graph(program, ITERATION_INPUTS)
+    plan = split_groups(sequential_plan(program), 4, config.env.num_envs)
+    with pytest.raises(PlanError, match="not group-local"):  # the learner reduces across groups
+        spread_groups(plan, program, graph, "iteration", ("g0", "g1"))
+    cut = split_chunk(plan, "iteration", "prepare_batch")
+    with pytest.raises(PlanError, match="evenly"):
+        spread_groups(cut, program, graph, cut.chunks[0].name, ("g0", "g1", "g2"))
+    with pytest.raises(PlanError, match="opens the iteration"):
+        spread_groups(cut, program, graph, cut.chunks[1].name, ("g0", "g1"))
+    with pytest.raises(PlanError, match="two or more"):
+        spread_groups(cut, program, graph, cut.chunks[0].name, ("g0",))
+    ungrouped = split_chunk(sequential_plan(program), "iteration", "prepare_batch")
+    with pytest.raises(PlanError, match="split the envs"):
+        spread_groups(ungrouped, program, graph, ungrouped.chunks[0].name, ("g0", "g1"))
+
+
+def test_plan_in_one_process_ignores_nothing(tiny_config):
+    """The spread plan run by the one-process PlanExecutor is the sequential run too (validation path)."""
+    config = replace(tiny_config, **{"env.num_groups": 4})
+    plan, _, _ = spread_plan(config)
+    a, b = PlanExecutor(config, plan), SequentialExecutor(config)
+    sa, sb = a.init(jax.random.PRNGKey(0)), b.init(jax.random.PRNGKey(0))
+    sa, _ = a.step(sa)
+    sb, _ = b.step(sb)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(sa.learner), jax.device_get(sb.learner))
+
+
+def test_killed_group_process_is_a_clear_error(tiny_config):
+    config = replace(tiny_config, **{"env.num_groups": 4})
+    plan, _, _ = spread_plan(config)
+    runtime = GroupSpreadExecutor(config, plan, timeout=60)
+    try:
+        state = runtime.init(jax.random.PRNGKey(0))
+        state, _ = runtime.step(state)
+        segments = runtime_segments(runtime)
+        runtime.workers[1].process.kill()
+        with pytest.raises(WorkerError, match="g1 .* died"):
+            runtime.step(state)
+    finally:
+        runtime.close()
+    assert segments and not existing(segments)
+
+
+def test_host_hand_off_is_exact_and_timed():
+    tree = {"obs": np.arange(4096 * 87, dtype=np.float32).reshape(4096, 87), "done": np.ones(4096, np.float32)}
+    cost = measure_hand_off(tree, "host", repeats=3)
+    assert cost["bytes"] == 4096 * 88 * 4
+    assert cost["round_trip_median_seconds"] > 0 and cost["one_way_seconds"] == cost["round_trip_median_seconds"] / 2
