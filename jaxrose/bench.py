@@ -37,9 +37,10 @@ import traceback
 import numpy as np
 from typing import Any, Callable, Optional
 
-SYSTEMS = ("brax", "sim", "sequential", "overlapped", "async")
+SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "async")
 SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential",
                  "overlapped": "jaxrose, evaluation overlapped (MPS process)",
+                 "spread": "jaxrose, rollout groups spread over MPS processes + evaluation overlapped",
                  "async": "jaxrose asynchronous (actors, lag <= run.max_policy_lag)"}
 
 
@@ -63,6 +64,7 @@ class BenchConfig:
     num_evals: Optional[int] = _setting(None, "override the preset's number of evaluations (>= 3)", int)
     num_eval_envs: Optional[int] = _setting(None, "override the preset's evaluation env count", int)
     systems: tuple[str, ...] = _setting(SYSTEMS, "comma list from: " + ",".join(SYSTEMS), _comma_list)
+    spread_processes: int = _setting(2, "group processes of the `spread` system (one env group each)", int)
     repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
     out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")
     record: Optional[str] = _setting(None, "markdown file to append a results section to, e.g. BENCHMARKS.md")
@@ -358,6 +360,29 @@ def run_overlapped(config, sampler) -> dict:
     return _run_in_child("_overlapped_child", replace(config, **{"run.eval_mode": "process"}), sampler)
 
 
+def run_spread(config, sampler, processes: int) -> dict:
+    """The hand-chosen multi-process plan: the rollout spread over `processes` group processes (one
+    env group each, concurrent under MPS), the learner in the trainer, evaluation in its own process."""
+    import tempfile
+
+    from jaxrose.config import replace
+    from jaxrose.graph import build_graph
+    from jaxrose.plan import sequential_plan, spread_rollout
+    from jaxrose.ppo_program import ITERATION_INPUTS
+    from jaxrose.sequential import SequentialExecutor
+
+    program = SequentialExecutor(config).program
+    plan = spread_rollout(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS),
+                          tuple(f"group{i}" for i in range(processes)), config.env.num_envs)
+    with tempfile.TemporaryDirectory(prefix="jaxrose-plan-") as tmp:
+        path = os.path.join(tmp, "plan.json")
+        plan.save(path)
+        summary = _run_in_child("_overlapped_child", replace(config, **{"run.eval_mode": "process", "run.plan": path}),
+                                sampler)
+    summary["plan"] = str(plan)
+    return summary
+
+
 def run_async(config, sampler) -> dict:
     """The asynchronous mode (actor processes, evaluation in its own process), in a fresh process.
     A preset laid out as fewer groups than actors is regrouped as one group per actor."""
@@ -485,6 +510,9 @@ RATIOS = (
      "systems.sequential.steady_sps_with_evals"),
     ("jaxrose overlapped (incl. evals) / synchronous limit", "systems.overlapped.steady_sps_with_evals",
      "limits.synchronous_limit_sps"),
+    ("jaxrose spread / jaxrose sequential (steady)", "systems.spread.steady_sps", "systems.sequential.steady_sps"),
+    ("jaxrose spread / brax (incl. evals)", "systems.spread.steady_sps_with_evals",
+     "systems.brax.steady_sps_with_evals"),
     ("jaxrose async / brax (incl. evals)", "systems.async.steady_sps_with_evals", "systems.brax.steady_sps_with_evals"),
     ("jaxrose async / rollout ceiling (incl. evals)", "systems.async.steady_sps_with_evals",
      "limits.rollout_ceiling_sps"),
@@ -540,6 +568,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
                 elif name == "overlapped":
                     systems[name] = run_overlapped(config, sampler)
+                elif name == "spread":
+                    systems[name] = run_spread(config, sampler, bench.spread_processes)
                 elif name == "async":
                     systems[name] = run_async(config, sampler)
                 else:

@@ -211,6 +211,23 @@ def spread_groups(plan: Plan, program: Program, graph: DataflowGraph, chunk_name
     return new
 
 
+def spread_rollout(plan: Plan, program: Program, graph: DataflowGraph, processes: tuple[str, ...],
+                   num_envs: int, groups_per_process: int = 1) -> Plan:
+    """The usual group spread in one call: lay the envs out as groups (one or more per process), cut
+    the first chunk after its group-local prefix (the rollout), and spread that over `processes`."""
+    by_node = {node.name: {graph.node(s).component for s in stages_of(program, [node.name])} for node in program.body}
+    first = plan.chunks[0]
+    prefix = 0
+    while prefix < len(first.nodes) and by_node[first.nodes[prefix]] <= GROUP_LOCAL_COMPONENTS:
+        prefix += 1
+    if prefix == 0:
+        raise PlanError(f"Chunk {first.name!r} opens with {first.nodes[0]!r}, which is not group-local: nothing to spread.")
+    if prefix < len(first.nodes):
+        plan = split_chunk(plan, first.name, first.nodes[prefix])
+    plan = split_groups(plan, len(processes) * groups_per_process, num_envs)
+    return spread_groups(plan, program, graph, plan.chunks[0].name, processes)
+
+
 def _check_spreadable(plan: Plan, program: Program, graph: DataflowGraph, chunk: Chunk) -> None:
     processes = chunk.group_processes
     if len(processes) < 2 or len(set(processes)) != len(processes) or "main" in processes:

@@ -11,6 +11,7 @@ cannot be exported.)
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from multiprocessing import shared_memory
@@ -183,7 +184,10 @@ def attach(description: dict):
 
 
 def transport_kind(requested: str = "auto") -> str:
-    """"device" on a GPU where CuPy can export IPC memory, else "host"; "auto" falls back with a warning."""
+    """"device" on a GPU where CuPy can export IPC memory, else "host"; "auto" falls back with a
+    warning. The environment variable JAXROSE_TRANSPORT overrides "auto"."""
+    if requested == "auto":
+        requested = os.environ.get("JAXROSE_TRANSPORT", "auto")
     if requested not in ("auto", "host", "device"):
         raise ValueError(f"run.transport must be auto, host or device, got {requested!r}.")
     if requested == "host" or jax.default_backend() != "gpu":

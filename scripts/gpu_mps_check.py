@@ -1,6 +1,7 @@
 """On a GPU machine: start jaxrose's private MPS daemon, start one worker per SM quota, and compare
 the SM count each worker's JAX reports with `expected_sm_count`; then time the host shared-memory
-transport for the sizes DESIGN.md names. Prints one JSON object."""
+transport for the sizes DESIGN.md names, and cross-process hand-offs through host memory and
+through CUDA IPC buffers. Prints one JSON object."""
 
 import json
 import sys
@@ -38,6 +39,24 @@ def main() -> None:
     for shape in ((4096, 87), (4096, 8), (8 * 1024 * 1024,)):
         result[f"shared_memory_round_trip_{'x'.join(map(str, shape))}"] = measure_round_trip(
             {"x": np.zeros(shape, np.float32)}, repeats=20)
+    # Cross-process hand-offs (controller -> worker -> controller), host shared memory against CUDA
+    # IPC buffers: one observation batch, and one ant iteration's unrolls (~133 MB).
+    import jax.numpy as jnp
+
+    from jaxrose.gpu_transport import unavailable_reason as ipc_unavailable
+    from jaxrose.transport import measure_hand_off
+
+    worker_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    result["cuda_ipc"] = ipc_unavailable() or "available"
+    trees = {"obs_4096x87": {"obs": jnp.ones((4096, 87), jnp.float32)},
+             "ant_unrolls_133MB": {"obs": jnp.ones((16, 5, 4096, 87), jnp.float32),
+                                   "rest": jnp.ones((16, 5, 4096, 14), jnp.float32)}}
+    for name, tree in trees.items():
+        for kind in ("host", "device"):
+            try:
+                result[f"hand_off_{kind}_{name}"] = measure_hand_off(tree, kind, repeats=10, env=worker_env)
+            except Exception as error:  # record why, keep the other measurements
+                result[f"hand_off_{kind}_{name}"] = f"{type(error).__name__}: {error}"
     json.dump(result, sys.stdout, indent=2)
 
 

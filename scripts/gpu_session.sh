@@ -6,8 +6,10 @@
 #   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)
 #   ovl     ant-mlp, 50M steps, evaluation overlapped in an MPS process (~3 min)
 #   tfm     pusher-transformer: sim ceiling, sequential, overlapped, 10M steps (~4 min)
+#   spread  PRESET STEPS: sim ceiling, sequential, rollout groups spread over 2 MPS processes (~6 min)
 #   async   ant-mlp, 50M steps: asynchronous mode (2 actors, lag <= 1) and the sim ceiling (~4 min)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
+#   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 set -u
 . scripts/gpu_setup.sh || exit 1
 out=${OUT:-/tmp/out}
@@ -20,9 +22,14 @@ case "${1:?stage}" in
   tfm) timeout 500 python3 -m jaxrose.cli bench --preset pusher-transformer --total-env-steps 10000000 --num-evals 5 \
          --systems sim,sequential,overlapped --repeats 5 --out "$out/tfm" --record "$out/BENCH_tfm.md" \
          > "$out/tfm.log" 2>&1; grep "\[bench\]" "$out/tfm.log" ;;
+  spread) timeout 480 python3 -m jaxrose.cli bench --preset "${2:-pusher-transformer}" --total-env-steps "${3:-5000000}" \
+         --num-evals 3 --systems sim,sequential,spread --repeats 5 --out "$out/spread" --record "$out/BENCH_spread.md" \
+         > "$out/spread.log" 2>&1; grep "\[bench\]" "$out/spread.log" ;;
   async) timeout 500 python3 -m jaxrose.cli bench --preset ant-mlp --systems sim,async --repeats 5 \
          --out "$out/async" --record "$out/BENCH_async.md" > "$out/async.log" 2>&1; grep "\[bench\]" "$out/async.log" ;;
-  plan) timeout 250 python3 -m jaxrose.cli plan --preset ant-mlp --out "$out/plan" > "$out/plan.log" 2>&1;
-        timeout 300 python3 -m jaxrose.cli tune --preset ant-mlp --iterations 5 --out "$out/tune" > "$out/tune.log" 2>&1;
-        tail -5 "$out/plan.log" "$out/tune.log" ;;
+  faults) timeout 560 python3 scripts/gpu_faults.py ${2:+--cases "$2"} > "$out/faults.json" 2> "$out/faults.log";
+        python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['verdicts'], indent=1))" "$out/faults.json" ;;
+  plan) timeout 250 python3 -m jaxrose.cli plan --preset "${2:-ant-mlp}" --out "$out/plan" > "$out/plan.log" 2>&1;
+        timeout 300 python3 -m jaxrose.cli tune --preset "${2:-ant-mlp}" --iterations 5 --out "$out/tune" > "$out/tune.log" 2>&1;
+        tail -n 5 "$out/plan.log" "$out/tune.log" ;;
 esac

@@ -40,14 +40,14 @@ def test_meta_records_where_and_how(bench_run):
 def test_every_system_ran_with_positive_throughput(bench_run):
     _, results, _ = bench_run
     systems = results["systems"]
-    assert set(systems) == {"brax", "sim", "sequential", "overlapped", "async"}
+    assert set(systems) == {"brax", "sim", "sequential", "overlapped", "spread", "async"}
     for name, summary in systems.items():
         assert summary["status"] == "ok", (name, summary.get("reason"))
         assert _positive(summary["steady_sps"]), name
         assert math.isfinite(summary["compile_seconds"]), name
         if not results["meta"]["sm_sampling"]["available"]:  # no GPU here
             assert summary["sm"] is None, name
-    for name in ("brax", "sequential", "overlapped"):
+    for name in ("brax", "sequential", "overlapped", "spread"):
         summary = systems[name]
         assert _positive(summary["steady_sps_with_evals"])
         assert _positive(summary["steady_wall_seconds"])
@@ -82,6 +82,14 @@ def test_overlapped_evaluation_keeps_the_same_results(bench_run):
     sequential, overlapped = results["systems"]["sequential"], results["systems"]["overlapped"]
     assert overlapped["eval_returns"] == sequential["eval_returns"]
     assert overlapped["eval_worker"]["platform"] == "cpu"
+
+
+def test_spread_groups_keep_the_same_results(bench_run):
+    """Rollout groups in two processes: the same policies, so the same evaluation returns."""
+    _, results, _ = bench_run
+    sequential, spread = results["systems"]["sequential"], results["systems"]["spread"]
+    assert spread["eval_returns"] == sequential["eval_returns"]
+    assert "group0+group1 (groups spread)" in spread["plan"]
 
 
 def test_limits_follow_from_the_measured_times(bench_run):
@@ -119,7 +127,7 @@ def test_parse_args_defaults_and_lists():
     bench = parse_args(["--systems", "sim, sequential"])
     assert bench.systems == ("sim", "sequential")
     assert bench.preset == "ant-mlp" and bench.out_dir.endswith("ant-mlp")
-    assert parse_args([]).systems == ("brax", "sim", "sequential", "overlapped", "async")
+    assert parse_args([]).systems == ("brax", "sim", "sequential", "overlapped", "spread", "async")
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -125,3 +125,18 @@ def test_host_hand_off_is_exact_and_timed():
     cost = measure_hand_off(tree, "host", repeats=3)
     assert cost["bytes"] == 4096 * 88 * 4
     assert cost["round_trip_median_seconds"] > 0 and cost["one_way_seconds"] == cost["round_trip_median_seconds"] / 2
+
+
+def test_spread_rollout_cuts_after_the_rollout(tiny_config):
+    program = SequentialExecutor(tiny_config).program
+    graph = build_graph(program, ITERATION_INPUTS)
+    plan = spread_rollout_helper(program, graph, tiny_config)
+    assert plan.chunks[0].nodes == ("split_iteration_key", "unroll")  # everything before the learner
+    assert plan.chunks[0].group_processes == ("g0", "g1") and plan.num_groups == 4
+    assert all(c.process == "main" for c in plan.chunks[1:])
+
+
+def spread_rollout_helper(program, graph, config):
+    from jaxrose.plan import spread_rollout
+
+    return spread_rollout(sequential_plan(program), program, graph, ("g0", "g1"), config.env.num_envs, 2)
