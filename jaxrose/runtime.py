@@ -142,3 +142,15 @@ class MultiProcessPlanExecutor(PlanExecutor):
             for buffer in buffers:
                 buffer.close()
         self.helpers.clear()
+
+
+def executor_for(config: TrainConfig, plan: Plan, worker_env: Optional[dict[str, dict[str, str]]] = None):
+    """The executor that runs `plan`: one process, helper processes for deferred chunks, or group
+    processes for a spread rollout."""
+    if plan.spread_chunk is not None:
+        from jaxrose.group_runtime import GroupSpreadExecutor
+
+        return GroupSpreadExecutor(config, plan, worker_env=worker_env)
+    if any(p != MAIN for p in plan.processes):
+        return MultiProcessPlanExecutor(config, plan, worker_env=worker_env)
+    return PlanExecutor(config, plan)

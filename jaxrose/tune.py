@@ -24,7 +24,7 @@ from jaxrose.plan_executor import PlanExecutor
 from jaxrose.planner import rank
 from jaxrose.ppo_program import ITERATION_INPUTS
 from jaxrose.program_profiler import default_executor_factory, profile_program
-from jaxrose.runtime import MAIN, MultiProcessPlanExecutor
+from jaxrose.runtime import MAIN, executor_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +64,7 @@ def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: Opt
     warm-up iteration; helper processes (if any) run for real and are drained at the end. With a
     `sampler` (`GpuActivitySampler`), the timed window is marked `measure/start` .. `measure/end`,
     so SM activity can be read over it without the compilation."""
-    helpers = [p for p in plan.processes if p != MAIN]
-    executor = MultiProcessPlanExecutor(config, plan) if helpers else PlanExecutor(config, plan)
+    executor = executor_for(config, plan)
     try:
         state = executor.init(jax.random.PRNGKey(config.run.seed if seed is None else seed))
         executor.compile(state)
@@ -81,7 +80,7 @@ def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: Opt
             seconds.append(time.perf_counter() - start)
         if sampler is not None:
             sampler.mark("measure/end")
-        if helpers:
+        if hasattr(executor, "drain"):
             executor.drain()
         return seconds
     finally:

@@ -19,11 +19,12 @@ def main() -> None:
     from jaxrose.sequential import SequentialExecutor
     from jaxrose.tune import measure_plan
 
-    preset, iterations = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    preset, iterations = args[0], int(args[1]) if len(args) > 1 else 3
     config = get_preset(preset)
     program = SequentialExecutor(config).program
     graph = build_graph(program, ITERATION_INPUTS)
-    plans = {"sequential": sequential_plan(program),
+    plans = {**({} if "--spread-only" in sys.argv else {"sequential": sequential_plan(program)}),
              "spread2": spread_rollout(sequential_plan(program), program, graph, ("group0", "group1"),
                                        config.env.num_envs)}
     result = {"preset": preset, "env_steps_per_iteration": config.env_steps_per_iteration}
@@ -36,7 +37,8 @@ def main() -> None:
                             "env_steps_per_second": config.env_steps_per_iteration / median,
                             "sm": sampler.mean(marks["measure/start"], marks["measure/end"])}
             print(json.dumps({name: result[name]}), flush=True)
-    result["speedup"] = result["sequential"]["median_seconds"] / result["spread2"]["median_seconds"]
+    if "sequential" in result:
+        result["speedup"] = result["sequential"]["median_seconds"] / result["spread2"]["median_seconds"]
     json.dump(result, sys.stdout, indent=2)
 
 
