@@ -132,23 +132,25 @@ class DomainRandomization(Wrapper):
     """Per-env physical parameters: each env draws its own value of one attribute of the unwrapped
     env (brax: `sys`, the MJX model; jaxrose's tiny envs: e.g. `max_torque`) from its reset key.
 
-    `sample(base_value, key) -> value` returns a pytree shaped like the base value. The value lives in
-    `info['randomized']`, so it is vmapped across env groups, kept across auto-resets and
-    checkpointed; during `reset` and `step` it replaces the attribute, as brax's
-    `DomainRandomizationVmapWrapper` does with `sys`.
+    `sample(base_value, key) -> value` returns a pytree shaped like the base value or, given
+    `apply(base_value, value) -> attribute value`, any pytree (e.g. a few scale factors rather
+    than a whole MJX model per env). The value lives in `info['randomized']`, so it is vmapped
+    across env groups, kept across auto-resets and checkpointed; during `reset` and `step` it
+    replaces the attribute, as brax's `DomainRandomizationVmapWrapper` does with `sys`.
     """
 
-    def __init__(self, env: Env, attribute: str, sample):
+    def __init__(self, env: Env, attribute: str, sample, apply=None):
         super().__init__(env)
         if not hasattr(env.unwrapped, attribute):
             raise ValueError(f"Cannot randomize {attribute!r}: {type(env.unwrapped).__name__} has no such attribute.")
         self.attribute = attribute
         self.sample = sample
+        self.apply = apply
 
     def _with(self, value, fn, *args):
         target = self.env.unwrapped
         base = getattr(target, self.attribute)
-        setattr(target, self.attribute, value)
+        setattr(target, self.attribute, value if self.apply is None else self.apply(base, value))
         try:
             return fn(*args)
         finally:

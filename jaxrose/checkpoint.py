@@ -1,25 +1,44 @@
 """Checkpoints of the full run state (params, optimizer, normalizer, env state, RNG, counter) with orbax.
 
 orbax writes each step into a temporary folder and renames it when complete, so a crash mid-save
-leaves the previous checkpoint intact; `restore` checks the saved config against the run's, and a
-checkpoint that cannot be read raises `CheckpointError` naming the folder.
+leaves the previous checkpoint intact. orbax does not notice altered data (a flipped bit restores
+as a wrong number, even NaN), so each step also gets a checksum manifest once orbax is done
+(`jaxrose.manifest`), verified before restoring. Resuming takes the newest intact step: a damaged
+newer one is moved aside with a warning. A save that fails (full disk, no permission) removes its
+partial files and raises `CheckpointError` naming the folder; the previous step stays.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import glob
 import json
 import os
-from typing import Any
+import shutil
+import time
+import warnings
+from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
 
+from jaxrose import manifest
+
 FORMAT_VERSION = 1
+ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable or belongs to a different configuration."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A saved step cannot be read or differs from its checksums (truncated, altered)."""
+
+    def __init__(self, message: str, step: int, folder: str, problem: str):
+        super().__init__(message)
+        self.step, self.folder, self.problem = step, folder, problem
 
 
 class Checkpointer:
@@ -38,21 +57,93 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, config) -> None:
         meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(config)}
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_flatten(state)),
-                                                         meta=ocp.args.JsonSave(meta)), force=True)
-        self._manager.wait_until_finished()
+        try:
+            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_flatten(state)),
+                                                             meta=ocp.args.JsonSave(meta)), force=True)
+            self._manager.wait_until_finished()
+        except Exception as error:
+            self._remove_partial(step)
+            raise self._save_error(step, error) from error
+        try:
+            manifest.write(self.step_dir(step))
+        except Exception as error:
+            # A step without its manifest could not be checked later: drop it, keep the previous one.
+            shutil.rmtree(self.step_dir(step), ignore_errors=True)
+            self._manager.reload()
+            raise self._save_error(step, error) from error
+
+    def _remove_partial(self, step: int) -> None:
+        """Removes the temporary folder a failed save leaves (on a full disk that space is needed
+        back). tensorstore may still finish a write into it just after the error, so this goes on
+        until the folder has stayed away for a few polls."""
+        pattern = os.path.join(self.directory, f"{step}{ORBAX_TMP_SUFFIX}*")
+        quiet, deadline = 0, time.monotonic() + 5.0
+        while quiet < 3 and time.monotonic() < deadline:
+            partial = glob.glob(pattern)
+            for folder in partial:
+                shutil.rmtree(folder, ignore_errors=True)
+            quiet = 0 if partial else quiet + 1
+            time.sleep(0.05)
+
+    def _save_error(self, step: int, error: Exception) -> Exception:
+        reason = _os_reason(error)
+        if reason is None:
+            return error  # not the file system's doing: a bug to see as is
+        latest = self.latest_step()
+        kept = (f"The previous checkpoint (step {latest}) is intact." if latest is not None
+                else "No earlier checkpoint exists in it.")
+        return CheckpointError(f"Could not save checkpoint step {step} in {self.directory}: {reason}. {kept} "
+                               f"Free space there or set run.out_dir to a folder on a disk with room, then "
+                               f"continue with --run.resume.")
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def reload(self) -> None:
+        """Re-reads the folder (after another Checkpointer moved a damaged step aside)."""
+        self._manager.reload()
 
     def restore(self, target: Any, config, step: int | None = None) -> Any:
-        step = self.latest_step() if step is None else step
-        if step is None:
+        """Restores `step`, or else the newest intact step: newer damaged ones are moved aside to
+        `<step>.damaged`, with a warning, so the resumed run can save those step numbers again."""
+        if step is not None:
+            return self._restore(target, config, step)
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        if not steps:
             raise CheckpointError(f"No checkpoint found in {self.directory}. Check run.resume.")
-        try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(_flatten(target)), meta=ocp.args.JsonRestore()))
-        except Exception as error:  # orbax raises many types for unreadable data
-            raise CheckpointError(f"Checkpoint step {step} in {self.directory} cannot be read "
-                                  f"({type(error).__name__}: {error}). It may be truncated or altered; "
-                                  f"delete that step's folder to resume from the one before.") from error
+        damaged: list[DamagedCheckpointError] = []
+        for candidate in steps:
+            try:
+                restored = self._restore(target, config, candidate)
+            except DamagedCheckpointError as error:
+                damaged.append(error)
+                continue
+            for error in damaged:
+                warnings.warn(f"Checkpoint step {error.step} ({error.folder}) cannot be read ({error.problem}); it "
+                              f"may be truncated or altered. {self._set_aside(error.folder)} Resuming from step "
+                              f"{candidate}, the newest intact one.", stacklevel=2)
+            return restored
+        if len(damaged) == 1:
+            raise damaged[0]
+        raise CheckpointError(f"{damaged[0]} No intact step is left in {self.directory} (steps "
+                              f"{', '.join(str(e.step) for e in damaged)} are all damaged): start a new run.out_dir.")
+
+    def _restore(self, target: Any, config, step: int) -> Any:
+        folder = self.step_dir(step)
+        problem = manifest.verify(folder)
+        if problem is None:
+            try:
+                restored = self._manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(_flatten(target)), meta=ocp.args.JsonRestore()))
+            except Exception as error:  # orbax raises many types for unreadable data
+                problem = f"{type(error).__name__}: {error}"
+        if problem is not None:
+            earlier = [s for s in self._manager.all_steps() if s < step]
+            advice = (f"Step {max(earlier)} before it is kept: resume without naming a step to use the newest "
+                      f"intact one." if earlier else f"No earlier step is kept in {self.directory}: start a new "
+                      f"run.out_dir.")
+            raise DamagedCheckpointError(f"Checkpoint step {step} ({folder}) cannot be read ({problem}). It may be "
+                                         f"truncated or altered. {advice}", step, folder, problem)
         meta = restored["meta"]
         if meta.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"Checkpoint in {self.directory} has format version "
@@ -64,6 +155,19 @@ class Checkpointer:
                                       f"settings ({saved.get(section)} vs {current[section]}); resume with "
                                       f"the same settings or start a new run.out_dir.")
         return _unflatten(target, restored["state"])
+
+    def _set_aside(self, folder: str) -> str:
+        """Renames a damaged step's folder (kept for inspection); says where it went."""
+        target, n = f"{folder}.damaged", 1
+        while os.path.exists(target):
+            n += 1
+            target = f"{folder}.damaged{n}"
+        try:
+            os.rename(folder, target)
+        except OSError as error:
+            return f"It could not be moved aside ({error}); move it away before saving that step again."
+        self._manager.reload()
+        return f"Moved it to {target}."
 
     def close(self) -> None:
         self._manager.close()
@@ -80,3 +184,18 @@ def _unflatten(target: Any, flat: dict[str, Any]) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
     restored = [flat[jax.tree_util.keystr(path)] if getattr(leaf, "size", 1) > 0 else leaf for path, leaf in leaves]
     return jax.tree_util.tree_unflatten(treedef, restored)
+
+
+def _os_reason(error: BaseException) -> Optional[str]:
+    """What the file system said, if it caused `error` (orbax and tensorstore wrap OS errors)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is not None:
+            return os.strerror(error.errno)
+        text = str(error)
+        for code in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT):
+            if os.strerror(code) in text:
+                return os.strerror(code)
+        error = error.__cause__ or error.__context__
+    return None

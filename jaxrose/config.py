@@ -31,6 +31,9 @@ class EnvConfig:
     """Environment groups: envs are laid out as [num_groups, num_envs // num_groups]."""
     episode_length: int = 200
     """Steps before an episode is truncated."""
+    randomize: tuple[str, ...] = ()
+    """Domain randomization of an MJX task's model, per env (see `envs.randomization`): any of
+    friction, mass, actuator_gain."""
 
     def __post_init__(self):
         _require(self.num_envs >= 1, f"env.num_envs must be >= 1, got {self.num_envs}.")
@@ -39,6 +42,14 @@ class EnvConfig:
                  f"env.num_envs ({self.num_envs}) must be divisible by env.num_groups ({self.num_groups}); "
                  f"pick num_groups among the divisors of num_envs.")
         _require(self.episode_length >= 1, f"env.episode_length must be >= 1, got {self.episode_length}.")
+        if self.randomize:
+            from envs.randomization import NAMES
+
+            unknown = [name for name in self.randomize if name not in NAMES]
+            _require(not unknown, f"env.randomize has unknown randomization(s) {', '.join(unknown)}; "
+                                  f"known: {', '.join(NAMES)}.")
+            _require(len(set(self.randomize)) == len(self.randomize),
+                     f"env.randomize lists a randomization twice: {', '.join(self.randomize)}.")
 
     @property
     def envs_per_group(self) -> int:
@@ -137,6 +148,12 @@ class RunConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every this many iterations (0: only at each evaluation and at the end)."""
     keep_checkpoints: int = 3
+    """Newest checkpoints kept; resuming falls back to an older one if the newest is damaged."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """NaN or Inf in an iteration (observations, rewards, losses, parameters). stop: the run stops
+    naming the stage. skip: that iteration's update is dropped, with a warning (`jaxrose.nonfinite`)."""
+    max_consecutive_skips: int = 3
+    """With on_nonfinite='skip': the run stops after this many skipped iterations in a row."""
     resume: Optional[str] = None
     """Resume from the latest checkpoint in this run folder."""
     tensorboard: bool = True
@@ -174,6 +191,10 @@ class RunConfig:
         _require(self.actors >= 1, f"run.actors must be >= 1, got {self.actors}.")
         _require(self.max_policy_lag >= 0, f"run.max_policy_lag must be >= 0, got {self.max_policy_lag}.")
         _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
+        _require(self.on_nonfinite in ("stop", "skip"),
+                 f"run.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}.")
+        _require(self.max_consecutive_skips >= 1,
+                 f"run.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,7 +133,9 @@ class GroupSpreadExecutor(PlanExecutor):
                 worker = Worker(process, _serve_groups, (self.config, plan, index, self.outputs),
                                 worker_env.get(process, {}))
                 self.workers.append(worker)
-                worker.start(timeout)
+                worker.launch()
+            for worker in self.workers:  # they import JAX and build their envs concurrently
+                worker.wait_ready(timeout)
         except BaseException:
             self.close()
             raise

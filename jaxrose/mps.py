@@ -90,6 +90,8 @@ class MpsDaemon:
         if result.returncode != 0:
             log.warning("MPS daemon failed to start (%s); falling back to time slicing.",
                         (result.stderr or result.stdout).strip())
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
             return False
         self.running = True
         return True

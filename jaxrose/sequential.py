@@ -15,6 +15,7 @@ import numpy as np
 from flax import struct
 
 import envs
+from envs.randomization import randomize
 from envs.wrappers import HistoryWrapper, wrap_for_training
 from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.networks import make_actor_critic
@@ -52,8 +53,13 @@ def next_run_state(values: dict, state: RunState) -> RunState:
 
 
 def make_env(config: TrainConfig) -> envs.Env:
-    """The run's single env: the registered task, with the policy's observation history if it has one."""
+    """The run's single env: the registered task, randomized per env if asked, with the policy's
+    observation history if it has one."""
     env = envs.make(config.env.name)
+    try:
+        env = randomize(env, config.env.randomize)
+    except ValueError as error:
+        raise ConfigError(f"env.randomize: {error}") from None
     return HistoryWrapper(env, config.network.history) if config.network.history > 1 else env
 
 

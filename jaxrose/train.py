@@ -23,15 +23,13 @@ from jaxrose.config import TrainConfig
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
 from jaxrose.mps import prepare_clients
+from jaxrose.nonfinite import NonFiniteError, NonFiniteGuard
 from jaxrose.plan import Plan
-from jaxrose.plan_executor import PlanExecutor
-from jaxrose.runtime import MAIN, MultiProcessPlanExecutor
+from jaxrose.runtime import MAIN, executor_for
 from jaxrose.plotting import plot_learning_curve
 from jaxrose.sequential import RunState, SequentialExecutor
 
-
-class NonFiniteError(RuntimeError):
-    """Training produced NaN or Inf; the message names the stage, and no checkpoint holds the bad state."""
+__all__ = ["NonFiniteError", "TerminatedError", "TrainResult", "train", "use_compile_cache"]
 
 
 class TerminatedError(KeyboardInterrupt):
@@ -52,6 +50,8 @@ class TrainResult:
     """`time.perf_counter()` at each iteration's dispatch; evaluations carry `done_time` likewise."""
     eval_worker: dict = dataclasses.field(default_factory=dict)
     """What the evaluation process reported at start (device, SM count), when evaluation ran there."""
+    skipped_iterations: list[int] = dataclasses.field(default_factory=list)
+    """Iterations whose update was dropped for NaN or Inf (`run.on_nonfinite='skip'`)."""
 
     @property
     def params(self):
@@ -90,8 +90,7 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
             remote = ProcessEvaluator(config, worker_envs["evaluator"])
             remote.start()
         if executor is None and plan is not None:
-            executor = (MultiProcessPlanExecutor(config, plan, worker_env=worker_envs) if helpers
-                        else PlanExecutor(config, plan))
+            executor = executor_for(config, plan, worker_envs or None)
         return _TrainingLoop(config, list(callbacks), executor, write_outputs, remote).run()
     finally:
         if remote is not None:
@@ -141,6 +140,8 @@ class _TrainingLoop:
         if self.run_config.resume:
             source = Checkpointer(os.path.join(os.path.abspath(self.run_config.resume), "checkpoints"))
             state = source.restore(state, self.config)
+            if self.checkpointer is not None:  # the restore may have moved a damaged step aside
+                self.checkpointer.reload()
         return state
 
     def record_evaluation(self, iteration: int, result: dict) -> None:
@@ -172,6 +173,8 @@ class _TrainingLoop:
 
     def save(self, iteration: int, state: RunState) -> None:
         if self.checkpointer is not None:
+            if hasattr(self.executor, "materialize"):  # env state held by group processes comes back first
+                state = self.executor.materialize(state)
             self.checkpointer.save(iteration, state, self.config)
 
     def run(self) -> TrainResult:
@@ -189,6 +192,7 @@ class _TrainingLoop:
         iteration_seconds: list[float] = []
         start_times: list[float] = []
         wall_start = time.perf_counter()
+        guard = NonFiniteGuard(self.executor, run, self._latest_checkpoint, self.out_dir)
         previous_handler = _install_sigterm_handler()
         try:
             for iteration in range(start_iteration + 1, config.num_iterations + 1):
@@ -197,12 +201,13 @@ class _TrainingLoop:
                 # would overlap nothing and only blur per-iteration timing.
                 start = time.perf_counter()
                 start_times.append(start)
+                guard.before_step(state)
                 state, metrics = self.executor.step(state)
                 metrics = _scalars(jax.device_get(metrics))
                 seconds = time.perf_counter() - start
-                self._check_finite(iteration, metrics)
+                state = guard.check(iteration, state, metrics)
                 iteration_seconds.append(seconds)
-                self.emit(iteration, {**metrics, "perf/iteration_seconds": seconds,
+                self.emit(iteration, {**metrics, **guard.metrics(), "perf/iteration_seconds": seconds,
                                       "perf/sps": self.steps_per_iteration / seconds})
                 at_eval = iteration % config.iterations_per_eval == 0
                 if at_eval:
@@ -225,17 +230,11 @@ class _TrainingLoop:
                                 os.path.join(self.out_dir, "learning_curve.png"),
                                 title=f"{config.env.name}: PPO (jaxrose)")
         return TrainResult(state, self.executor, self.evaluations, iteration_seconds, compile_seconds, self.out_dir,
-                           wall_seconds, start_times, self.remote.worker.info if self.remote else {})
+                           wall_seconds, start_times, self.remote.worker.info if self.remote else {},
+                           guard.skipped)
 
-    def _check_finite(self, iteration: int, metrics: dict) -> None:
-        bad = [name.split("/", 1)[1] for name, value in metrics.items() if name.startswith("health/") and value != 1.0]
-        bad += [name for name, value in metrics.items() if name.endswith("_loss") and not np.isfinite(value)]
-        if bad:
-            latest = self.checkpointer.latest_step() if self.checkpointer else None
-            raise NonFiniteError(
-                f"Iteration {iteration} produced NaN or Inf in: {', '.join(bad)}. The run stopped before saving "
-                f"that state; the last good checkpoint is iteration {latest} in {self.out_dir}. Check the env's "
-                f"observations and rewards, or lower ppo.learning_rate / set ppo.max_grad_norm.")
+    def _latest_checkpoint(self) -> Optional[int]:
+        return self.checkpointer.latest_step() if self.checkpointer else None
 
     def _close_outputs(self) -> None:
         for sink in self.sinks:

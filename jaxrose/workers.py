@@ -59,14 +59,22 @@ class Worker:
     def start(self, ready_timeout: float = 300.0) -> dict:
         """Starts the process and waits until it is ready; `info['start_seconds']` is what starting
         cost (under MPS, the price of changing a worker's fixed SM quota by restarting it)."""
-        start = time.perf_counter()
+        self.launch()
+        return self.wait_ready(ready_timeout)
+
+    def launch(self) -> None:
+        """Starts the process without waiting: launch several, then `wait_ready` each, and they
+        import and build concurrently."""
+        self._launched = time.perf_counter()
         with _environment(self.env):
             self.process.start()
         self._child_conn.close()
-        kind, *payload = self.receive(ready_timeout)
+
+    def wait_ready(self, timeout: float = 300.0) -> dict:
+        kind, *payload = self.receive(timeout)
         if kind != "ready":
             raise WorkerError(f"Worker {self.name} sent {kind!r} before it was ready.")
-        self.info = {**payload[0], "start_seconds": time.perf_counter() - start}
+        self.info = {**payload[0], "start_seconds": time.perf_counter() - self._launched}
         return self.info
 
     def send(self, message: Any) -> None:

@@ -14,7 +14,7 @@ and killed if `quit` does not answer; only processes this script started are eve
                        and killed) within --exit-timeout seconds
 
 Usage, on the GPU machine from the repository root:
-    . scripts/gpu_setup.sh && timeout 590 python3 scripts/gpu_faults.py > faults.json
+    . scripts/gpu_setup.sh && timeout 520 python3 scripts/gpu_faults.py --out faults.json
     python3 scripts/gpu_faults.py --cases client_killed,train_helper_killed
 Without a GPU it prints {"gpu": false, ...} and exits 0; --dry-run runs the cases that need no MPS
 on the CPU (plain processes), which checks this script's own machinery.
@@ -212,7 +212,7 @@ def log_tails(daemon: MpsDaemon) -> dict:
 
 
 def stop_daemon(daemon: MpsDaemon | None, record: dict) -> None:
-    """`quit`, bounded; then SIGKILL whatever of this daemon is left, and remove its folders."""
+    """`quit`, bounded; then SIGKILL whatever of this daemon is left after 15 s, and remove its folders."""
     if daemon is None or daemon.root is None:
         return
     record["mps_logs"] = log_tails(daemon)
@@ -222,6 +222,9 @@ def stop_daemon(daemon: MpsDaemon | None, record: dict) -> None:
     except subprocess.TimeoutExpired:
         record["daemon_quit"] = "quit did not answer within 30 s"
     daemon.root = root
+    deadline = time.monotonic() + 15.0  # `quit` returns at once; the daemon then shuts down in order
+    while any(mps_processes(daemon).values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
     leftover = mps_processes(daemon)
     for pid in leftover["control"] + leftover["server"]:
         with contextlib.suppress(OSError):
@@ -335,6 +338,9 @@ def case_server_killed(lab: Lab) -> dict:
     workers = {name: lab.worker(name, daemon.client_env(QUOTA)) for name in ("a", "b")}
     try:
         result["clients"] = start(workers, lab.args.start_timeout)
+        if any("error" in i for i in result["clients"].values()):
+            result["verdict"] = "UNEXPECTED: a client did not start"
+            return result
         result["before_kill"] = watch(workers, 3.0)
         processes = result["mps_processes"] = mps_processes(daemon)
         if not processes["server"]:
@@ -370,6 +376,9 @@ def case_control_killed(lab: Lab) -> dict:
     workers = {"a": lab.worker("a", daemon.client_env(QUOTA))}
     try:
         result["clients"] = start(workers, lab.args.start_timeout)
+        if any("error" in i for i in result["clients"].values()):
+            result["verdict"] = "UNEXPECTED: a client did not start"
+            return result
         result["before_kill"] = watch(workers, 3.0)
         processes = result["mps_processes"] = mps_processes(daemon)
         if not processes["control"]:
@@ -522,7 +531,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, from: " + ", ".join(CASES))
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, without MPS: check the script itself")
-    parser.add_argument("--budget", type=float, default=540.0, help="seconds; later cases are skipped past it")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds; later cases are skipped past it")
+    parser.add_argument("--out", help="also write the JSON here, after every case (survives a hard kill)")
     parser.add_argument("--watch", type=float, default=20.0, help="seconds to watch clients after a kill")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="seconds for a worker to get ready")
     parser.add_argument("--exit-timeout", type=float, default=150.0, help="seconds for the trainer to exit")
@@ -534,14 +544,15 @@ def main(argv=None) -> int:
     report = {"script": "gpu_faults", "gpus": gpu_count(), "mps": unavailable_reason() or "available",
               "dry_run": args.dry_run, "git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "cases": {},
               "verdicts": {}}
+    began = time.monotonic()
     if report["gpus"] == 0 and not args.dry_run:
         report["skipped"] = "no NVIDIA GPU is present (NVML sees none): these cases need the GPU machine"
-        print(json.dumps(report, indent=2))
+        print(save(report, began, args.out))
         return 0
     if args.dry_run:
         cases = [c for c in cases if c in DRY_RUN_CASES]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` still gets the cleanup and the JSON
-    lab, began = Lab(args), time.monotonic()
+    lab = Lab(args)
     try:
         for case in cases:
             left = args.budget - (time.monotonic() - began)
@@ -554,11 +565,21 @@ def main(argv=None) -> int:
             except Exception:
                 report["cases"][case] = {"verdict": "SCRIPT ERROR", "traceback": traceback.format_exc()[-3000:]}
             report["cases"][case]["seconds"] = round(time.monotonic() - start_case, 1)
+            save(report, began, args.out)
     finally:
-        report["seconds"] = round(time.monotonic() - began, 1)
-        report["verdicts"] = {case: r.get("verdict") for case, r in report["cases"].items()}
-        print(json.dumps(report, indent=2, default=str))
+        print(save(report, began, args.out))
     return 0
+
+
+def save(report: dict, began: float, path: str | None) -> str:
+    report["seconds"] = round(time.monotonic() - began, 1)
+    report["verdicts"] = {case: r.get("verdict") for case, r in report["cases"].items()}
+    text = json.dumps(report, indent=2, default=str)
+    if path:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    return text
 
 
 if __name__ == "__main__":

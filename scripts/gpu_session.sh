@@ -27,7 +27,7 @@ case "${1:?stage}" in
          > "$out/spread.log" 2>&1; grep "\[bench\]" "$out/spread.log" ;;
   async) timeout 500 python3 -m jaxrose.cli bench --preset ant-mlp --systems sim,async --repeats 5 \
          --out "$out/async" --record "$out/BENCH_async.md" > "$out/async.log" 2>&1; grep "\[bench\]" "$out/async.log" ;;
-  faults) timeout 560 python3 scripts/gpu_faults.py ${2:+--cases "$2"} > "$out/faults.json" 2> "$out/faults.log";
+  faults) timeout 520 python3 scripts/gpu_faults.py ${2:+--cases "$2"} --out "$out/faults.json" > /dev/null 2> "$out/faults.log";
         python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['verdicts'], indent=1))" "$out/faults.json" ;;
   plan) timeout 250 python3 -m jaxrose.cli plan --preset "${2:-ant-mlp}" --out "$out/plan" > "$out/plan.log" 2>&1;
         timeout 300 python3 -m jaxrose.cli tune --preset "${2:-ant-mlp}" --iterations 5 --out "$out/tune" > "$out/tune.log" 2>&1;

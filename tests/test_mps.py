@@ -29,3 +29,19 @@ def test_quota_must_be_a_percentage():
     with pytest.raises(MpsError, match=r"\[1, 100\]"):
         daemon.client_env(150)
     daemon.running, daemon.root = False, None
+
+
+def test_daemon_that_fails_to_start_falls_back_with_a_warning(caplog, monkeypatch, tmp_path):
+    import jaxrose.mps as mps
+
+    # Fault injection: a GPU is "present" and the control binary exits 1, as a refused start does.
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text("#!/bin/sh\necho 'fault injection: refused' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(mps, "CONTROL_BINARY", str(fake))
+    monkeypatch.setattr(mps, "gpu_count", lambda: 1)
+    daemon = MpsDaemon()
+    with caplog.at_level(logging.WARNING):
+        assert daemon.start() is False
+    assert "MPS daemon failed to start (fault injection: refused)" in caplog.text and "time slicing" in caplog.text
+    assert daemon.root is None and daemon.client_env(40) == {}  # its private folders are gone

@@ -43,3 +43,91 @@ def test_randomization_survives_auto_reset_and_jit():
 def test_unknown_attribute_is_named():
     with pytest.raises(ValueError, match="Cannot randomize 'gravity': Pendulum has no such attribute"):
         DomainRandomization(envs.make("pendulum"), "gravity", uniform_torque)
+
+
+# Standard randomizers for MJX tasks (envs.randomization), checked against mujoco.mjx itself.
+
+def hand_randomized_model(values):
+    """arm_push's MjModel with the drawn values written in by hand (numpy, in place)."""
+    import mujoco
+
+    from envs.arm_push import XML
+
+    model = mujoco.MjModel.from_xml_path(str(XML))
+    if "friction" in values:
+        model.geom_friction[:, 0] *= values["friction"]
+    if "mass" in values:
+        model.body_mass[:] *= values["mass"]
+        model.body_inertia[:] *= values["mass"][:, None]
+    if "actuator_gain" in values:
+        model.actuator_gainprm[:, 0] *= values["actuator_gain"]
+        model.actuator_biasprm[:, :3] *= values["actuator_gain"][:, None]
+    return model
+
+
+@pytest.mark.slow
+def test_mjx_randomization_each_env_steps_its_own_model():
+    """Three arm_push envs draw their own friction, masses and gains; one step of each equals
+    mujoco.mjx stepping a model with those values set by hand, and each value matters."""
+    from mujoco import mjx
+
+    from envs.randomization import NAMES, randomize
+
+    base = envs.make("arm_push")
+    base_friction = np.asarray(base.sys.geom_friction)
+    env = GroupWrapper(randomize(base, NAMES), 1, 3)
+    state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    values = {name: np.asarray(value)[0] for name, value in state.info["randomized"].items()}
+    assert values["friction"].shape == (3,) and len(np.unique(values["friction"])) == 3
+    assert values["mass"].shape == (3, base.mj_model.nbody) and values["actuator_gain"].shape == (3, 3)
+    assert np.all((values["mass"] >= 0.8) & (values["mass"] <= 1.2))
+    # A cube sliding at 0.5 m/s (friction matters) and full torque on every joint (masses and gains do).
+    data = state.pipeline_state
+    state = state.replace(pipeline_state=data.replace(qvel=data.qvel.at[..., 3].set(0.5)))
+    action = jnp.ones((1, 3, 3))
+    stepped = jax.jit(env.step)(state, action)
+
+    @jax.jit
+    def reference_step(model, data, ctrl):  # ArmPush.step's physics on a model given by hand
+        data = jax.lax.scan(lambda d, _: (mjx.step(model, d.replace(ctrl=ctrl)), None), data, (), base.n_frames)[0]
+        return mjx.kinematics(model, data)
+
+    for i in range(3):
+        mine = {name: value[i] for name, value in values.items()}
+        start = jax.tree.map(lambda x: x[0, i], state.pipeline_state)
+        expected = reference_step(mjx.put_model(hand_randomized_model(mine), impl="jax"), start, action[0, i])
+        # float32 contact solves, batched or not, agree to about 1e-4 in velocity.
+        np.testing.assert_allclose(stepped.pipeline_state.qpos[0, i], expected.qpos, atol=1e-5)
+        np.testing.assert_allclose(stepped.pipeline_state.qvel[0, i], expected.qvel, atol=2e-4)
+        error = np.abs(np.asarray(stepped.pipeline_state.qvel[0, i]) - np.asarray(expected.qvel)).max()
+        for left_out in NAMES:  # without any one of the values the step comes out far more different
+            others = {name: value for name, value in mine.items() if name != left_out}
+            other = reference_step(mjx.put_model(hand_randomized_model(others), impl="jax"), start, action[0, i])
+            assert np.abs(np.asarray(other.qvel) - np.asarray(expected.qvel)).max() > max(10 * error, 1e-4), \
+                (i, left_out)
+    np.testing.assert_array_equal(base.sys.geom_friction, base_friction)  # the shared model is untouched
+
+
+def test_randomize_setting_is_validated_and_wired():
+    from jaxrose.config import ConfigError, EnvConfig, TrainConfig
+    from jaxrose.sequential import make_env
+
+    with pytest.raises(ConfigError, match="unknown randomization.*gravity; known: friction, mass, actuator_gain"):
+        EnvConfig(randomize=("friction", "gravity"))
+    with pytest.raises(ConfigError, match="twice"):
+        EnvConfig(randomize=("mass", "mass"))
+    with pytest.raises(ConfigError, match="env.randomize: .*MJX tasks.*Pendulum has none"):
+        make_env(TrainConfig(env=EnvConfig(name="pendulum", randomize=("mass",))))
+    env = make_env(TrainConfig(env=EnvConfig(name="arm_push", randomize=("friction", "mass"))))
+    assert isinstance(env, DomainRandomization) and env.attribute == "sys"
+    assert isinstance(make_env(TrainConfig(env=EnvConfig(name="arm_push"))), envs.Env)  # off by default
+    assert not isinstance(make_env(TrainConfig(env=EnvConfig(name="arm_push"))), DomainRandomization)
+
+
+def test_randomize_from_the_command_line():
+    import tyro
+
+    from jaxrose.config import TrainConfig
+
+    config = tyro.cli(TrainConfig, args=["--env.name", "arm_push", "--env.randomize", "friction", "actuator_gain"])
+    assert config.env.randomize == ("friction", "actuator_gain")
