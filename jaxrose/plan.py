@@ -251,6 +251,19 @@ def _check_spreadable(plan: Plan, program: Program, graph: DataflowGraph, chunk:
         raise PlanError(f"Group processes {processes} run only the spread chunk; place other chunks elsewhere.")
 
 
+def with_quota(plan: Plan, process: str, sm_percentage: Optional[int]) -> Plan:
+    """Caps a process at `sm_percentage` of the SMs under MPS (None: no cap). Always legal: a quota
+    changes how fast a process runs, not what it computes."""
+    if process not in plan.processes:
+        raise PlanError(f"No process {process!r} in the plan; processes: {', '.join(plan.processes)}.")
+    if sm_percentage is not None and not 1 <= sm_percentage <= 100:
+        raise PlanError(f"An SM quota is a percentage in [1, 100], got {sm_percentage}.")
+    quotas = dict(plan.quotas)
+    quotas[process] = sm_percentage
+    return dataclasses.replace(plan, quotas=tuple(quotas.items()),
+                               history=plan.history + (f"quota {sm_percentage}% for {process}",))
+
+
 def defer(plan: Plan, program: Program, graph: DataflowGraph, chunk_name: str) -> Plan:
     """Lets a chunk of iteration k run during iteration k+1 (off the critical path).
 

@@ -15,6 +15,9 @@ def main(args: list[str]) -> None:
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations per node (default: 3)")
     parser.add_argument("--threshold", type=float, default=50.0, help="SM activity %% below which a window counts")
     parser.add_argument("--out", default=None, help="output folder (default: plans/<preset>)")
+    parser.add_argument("--profile", default=None,
+                        help="plan from a profile.json saved by an earlier run (e.g. measured on a GPU) instead "
+                             "of measuring here")
     options = parser.parse_args(args)
 
     from jaxrose.graph import build_graph
@@ -29,8 +32,11 @@ def main(args: list[str]) -> None:
     config = get_preset(options.preset)
     out = options.out or os.path.join("plans", options.preset)
     os.makedirs(out, exist_ok=True)
-    with GpuActivitySampler() as sampler:
-        profile = profile_program(default_executor_factory, config, options.iterations, sampler)
+    if options.profile:
+        profile = load_profile(options.profile)
+    else:
+        with GpuActivitySampler() as sampler:
+            profile = profile_program(default_executor_factory, config, options.iterations, sampler)
     program = SequentialExecutor(config).program
     graph = build_graph(program, ITERATION_INPUTS)
     base = sequential_plan(program)
@@ -53,3 +59,13 @@ def main(args: list[str]) -> None:
                   f"{options.preset}: chosen plan")
     print(f"chosen: {best.description if best else 'the sequential plan (no candidate predicts a gain)'}")
     print(f"outputs: {out} (plan.json, profile.json, timeline_before.png, timeline_after.png)")
+
+
+def load_profile(path: str):
+    """A `Profile` from the profile.json that `jaxrose plan` writes."""
+    from jaxrose.planner import Profile, StageProfile
+
+    with open(path) as f:
+        data = json.load(f)
+    return Profile({name: StageProfile(**stage) for name, stage in data["stages"].items()},
+                   data["dispatch_seconds"], data["source"])

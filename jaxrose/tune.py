@@ -2,8 +2,9 @@
 only if an end-to-end measurement over several iterations beats the current plan by more than the
 measured noise; then SM quotas for the helper processes, under MPS only.
 
-Every optimization has a switch, so a researcher can reproduce an ablation: `overlap` (chunks on
-helper processes beside the next iteration), `restructure` (split/fuse chunks), `quotas`, and
+Every optimization has a switch, so a researcher can reproduce an ablation: `groups` (the rollout's
+env groups spread over concurrent processes), `overlap` (chunks on helper processes beside the next
+iteration), `restructure` (split/fuse chunks), `quotas`, and
 `validate` (off: keep whatever the model predicts to be faster, without measuring).
 """
 
@@ -19,7 +20,7 @@ import jax
 from jaxrose.config import TrainConfig
 from jaxrose.graph import build_graph
 from jaxrose.mps import unavailable_reason
-from jaxrose.plan import Plan, place, sequential_plan
+from jaxrose.plan import Plan, sequential_plan, spread_rollout, with_quota
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.planner import rank
 from jaxrose.ppo_program import ITERATION_INPUTS
@@ -29,6 +30,7 @@ from jaxrose.runtime import MAIN, executor_for
 
 @dataclasses.dataclass(frozen=True)
 class Switches:
+    groups: bool = True
     overlap: bool = True
     restructure: bool = True
     quotas: bool = True
@@ -115,8 +117,35 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
         if kept:
             current, current_seconds = candidate.plan, seconds
             break  # one structural change per round; the ranking changes once the plan does
+    if switches.groups and not switches.validate:
+        trials.append(Trial("spread the rollout over group processes", 0.0, None, False,
+                            "skipped: with validation off only model predictions count, and none exists for it"))
+    elif switches.groups:
+        current, current_seconds = _tune_groups(config, program, graph, current, current_seconds, noise,
+                                                iterations, trials)
     current, current_seconds = _tune_quotas(config, current, current_seconds, noise, switches, iterations, trials)
     return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start)
+
+
+def _tune_groups(config: TrainConfig, program, graph, plan: Plan, seconds: float, noise: float, iterations: int,
+                 trials: list[Trial]) -> tuple[Plan, float]:
+    """The rollout spread over 2 or 4 group processes (inference of one group beside simulation of
+    another, under MPS). The planner's stage profile cannot predict this overlap (it happens inside
+    the rollout loop), so each spread is judged by its end-to-end measurement alone. A spread plan
+    runs every other chunk in the trainer, so it replaces the current plan rather than adding to it."""
+    base = sequential_plan(program)
+    for workers in (2, 4):
+        if config.env.num_envs % workers:
+            continue
+        candidate = spread_rollout(base, program, graph, tuple(f"group{i}" for i in range(workers)),
+                                   config.env.num_envs)
+        measured = statistics.median(measure_plan(config, candidate, iterations))
+        kept = measured < seconds - noise
+        trials.append(Trial(f"spread the rollout over {workers} group processes", 0.0, measured, kept,
+                            f"{measured * 1e3:.2f} ms vs {seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
+        if kept:
+            plan, seconds = candidate, measured
+    return plan, seconds
 
 
 def _program(config: TrainConfig):
@@ -143,10 +172,7 @@ def _tune_quotas(config, plan: Plan, seconds: float, noise: float, switches: Swi
     # A helper with slack gives SMs up: try a few caps, largest first, keep what measures faster.
     for helper in helpers:
         for quota in (50, 25, 10):
-            chunks = [c.name for c in plan.chunks if c.process == helper]
-            candidate = plan
-            for chunk in chunks:
-                candidate = place(candidate, chunk, helper, quota)
+            candidate = with_quota(plan, helper, quota)
             measured = statistics.median(measure_plan(config, candidate, iterations))
             kept = measured < seconds - noise
             trials.append(Trial(f"quota {quota}% for {helper}", 0.0, measured, kept,
@@ -168,13 +194,14 @@ def main(args: list[str]) -> None:
     parser.add_argument("--iterations", type=int, default=5, help="timed iterations per measurement")
     parser.add_argument("--max-candidates", type=int, default=4)
     parser.add_argument("--out", default=None, help="output folder (default: plans/<preset>)")
-    for name in ("overlap", "restructure", "quotas", "validate"):
+    names = [field.name for field in dataclasses.fields(Switches)]
+    for name in names:
         parser.add_argument(f"--no-{name}", action="store_true", help=f"switch the {name} optimization off")
     options = parser.parse_args(args)
     from jaxrose.mps import prepare_clients
 
     prepare_clients({})  # attach this process to a private MPS daemon before its GPU starts, when possible
-    switches = Switches(*(not getattr(options, f"no_{n}") for n in ("overlap", "restructure", "quotas", "validate")))
+    switches = Switches(**{n: not getattr(options, f"no_{n}") for n in names})
     result = tune(get_preset(options.preset), switches, options.max_candidates, options.iterations)
     out = options.out or os.path.join("plans", options.preset)
     os.makedirs(out, exist_ok=True)

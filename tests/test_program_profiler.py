@@ -28,3 +28,20 @@ def test_plan_command_saves_a_loadable_plan_and_timelines(tmp_path, capsys):
     assert json.loads((tmp_path / "profile.json").read_text())["stages"]["epoch"]["seconds"] > 0
     for name in ("timeline_before.png", "timeline_after.png"):
         assert (tmp_path / name).stat().st_size > 5000
+
+
+def test_plan_from_a_saved_profile(tmp_path, capsys):
+    """Re-planning from a saved profile uses its numbers, not a new measurement: a profile whose
+    metrics stage is slow makes the planner overlap exactly that stage."""
+    from jaxrose.cli import main
+
+    stages = {"split_iteration_key": 0.0, "unroll": 0.2, "prepare_batch": 0.001, "update_normalizer": 0.001,
+              "split_learner_key": 0.0, "epoch": 0.05, "reduce_metrics": 0.04}
+    saved = {"source": "measured on a test GPU", "dispatch_seconds": 1e-4,
+             "stages": {k: {"seconds": v, "sm_activity": 30.0} for k, v in stages.items()}}
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    main(["plan", "--preset", "point-mass", "--profile", str(tmp_path / "saved.json"), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "profile (measured on a test GPU" in out and "reduce_metrics            40.000 ms" in out
+    assert "chosen: overlap reduce_metrics" in out
+    assert json.loads((tmp_path / "out" / "profile.json").read_text()) == saved

@@ -93,8 +93,10 @@ def test_soak_memory_results_processes_and_segments(tiny_config):
             state, metrics = runtime.step(state)
             assert all(v == 1.0 for k, v in jax.device_get(metrics).items() if k.startswith("health/"))
             received += [k for _, k, outputs, _ in runtime.results() if np.isfinite(outputs["metrics"]["train/total_loss"])]
-            # Double buffering: sending iteration k waits for k - 2, so results trail by at most 2.
-            assert received and received[-1] >= iteration - 2, f"results stopped arriving at {iteration}"
+            # Double buffering: sending iteration k waits for k - 2, so results trail by at most 2
+            # (the first two may still be in flight, e.g. while the helper compiles).
+            if iteration >= 2:
+                assert received and received[-1] >= iteration - 2, f"results stopped arriving at {iteration}"
             if iteration == WARM_UP:
                 gc.collect()
                 objects_warm = len(gc.get_objects())  # first: its ~1.5 MB list must be inside rss_warm

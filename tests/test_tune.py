@@ -31,3 +31,20 @@ def test_switches_reproduce_an_ablation(tiny_config):
     result = tune(tiny_config, Switches(overlap=False, validate=False), max_candidates=2, iterations=2)
     assert not any(t.description.startswith("overlap") for t in result.trials)
     assert all(t.measured_seconds is None for t in result.trials)
+
+
+def test_group_spread_is_tried_and_judged_by_measurement(tiny_config):
+    """Only the groups switch on: the spread candidates are measured end to end, and one is kept
+    exactly when it beats the sequential plan by more than the noise."""
+    result = tune(tiny_config, Switches(groups=True, overlap=False, restructure=False, quotas=False),
+                  iterations=2)
+    spreads = [t for t in result.trials if t.description.startswith("spread")]
+    assert [t.description for t in spreads] == ["spread the rollout over 2 group processes",
+                                                "spread the rollout over 4 group processes"]
+    current = result.baseline_seconds
+    for trial in spreads:
+        assert trial.measured_seconds > 0
+        assert trial.kept == (trial.measured_seconds < current - result.noise_seconds)
+        if trial.kept:
+            current = trial.measured_seconds
+    assert (result.plan.spread_chunk is not None) == any(t.kept for t in spreads)
