@@ -10,6 +10,12 @@ the learner first waits for that actor (and for all such actors together, in one
 `max_lag=0` every update therefore consumes all groups at once: synchronous PPO, and with one actor
 the same computation as the sequential executor. Stale batches are corrected by the decoupled loss
 (`jaxrose.ppo`), which is PPO's own loss at lag 0.
+
+A snapshot (for checkpoints, or to restart an actor with a new SM quota) is a cut that needs no
+barrier: the learner after update v, and for each actor the env state and RNG key its next
+unconsumed rollout starts from. An actor whose trajectory update v consumed reports its current
+state; one still rolling out (or whose trajectory waits) reports the state its current rollout
+started from, which it keeps for that purpose. Actors answer between rollouts, so none waits.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class AsyncResult:
     wall_seconds: float
     env_steps: int
     train_returns: list[float]
+    resource_decisions: list[dict] = dataclasses.field(default_factory=list)
 
     @property
     def rollout_sps(self) -> float:
@@ -46,6 +53,18 @@ class AsyncResult:
     @property
     def updates_per_second(self) -> float:
         return self.updates / self.wall_seconds
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """A consistent cut of an asynchronous run (host arrays): the learner after `updates` updates
+    and `env_steps` consumed env steps, and per actor the (env_state, key) its next unconsumed
+    rollout starts from."""
+
+    learner: object
+    actors: list
+    updates: int
+    env_steps: int
 
 
 def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds: float) -> None:
@@ -73,11 +92,21 @@ def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds
         return out["env_state"], out["key"], out["unrolls"]
 
     conn.send(("ready", {"platform": jax.devices()[0].platform, "groups": groups}))
+    start = (env_state, key)  # where the rollout in progress (or the last one) began: a snapshot's "start"
     while True:
         message = conn.recv()
         if message[0] == "stop":
             return
+        if message[0] == "state":
+            _, tag, which = message
+            conn.send(("state", index, tag, jax.device_get((env_state, key) if which == "current" else start)))
+            continue
+        if message[0] == "restore":
+            env_state, key = jax.device_put(message[1])
+            start = (env_state, key)
+            continue
         _, version, params, normalizer = message
+        start = (env_state, key)
         env_state, key, unrolls = collect(params, normalizer, env_state, key)
         unrolls = jax.device_get(unrolls)
         if delay_seconds:
@@ -92,7 +121,8 @@ def _concatenate(unrolls: list[dict]) -> dict:
 
 class AsyncTrainer:
     def __init__(self, config: TrainConfig, num_actors: int, max_lag: int,
-                 actor_delays: Optional[dict[int, float]] = None, worker_env: Optional[dict] = None):
+                 actor_delays: Optional[dict[int, float]] = None, worker_env: Optional[dict] = None,
+                 actor_envs: Optional[list[dict]] = None):
         if num_actors < 1 or config.env.num_groups % num_actors:
             raise ConfigError(f"env.num_groups ({config.env.num_groups}) must be a multiple of the number of actors "
                               f"({num_actors}): each actor owns whole env groups.")
@@ -107,14 +137,55 @@ class AsyncTrainer:
         self.config, self.num_actors, self.max_lag = config, num_actors, max_lag
         self.executor = SequentialExecutor(config)  # the learner, network and key layout
         self._update = jax.jit(self.executor.learner.update)
-        self.actors = [Worker(f"actor{i}", _actor, (config, i, num_actors, (actor_delays or {}).get(i, 0.0)),
-                              worker_env) for i in range(num_actors)]
+        self._delays = actor_delays or {}
+        envs = actor_envs or [worker_env] * num_actors
+        self.actors = [self._worker(i, envs[i]) for i in range(num_actors)]
+        self._states: dict = {}  # snapshot tag -> {actor: (env_state, key)}
+        self._ready: dict[int, tuple[int, dict]] = {}  # actor -> (params version, unrolls) not yet consumed
+        self._sent_at: dict[int, float] = {}  # actor -> when its rollout's parameters were sent
+        self._manager = None
         try:
             for actor in self.actors:
-                actor.start()
+                actor.launch()
+            for actor in self.actors:
+                actor.wait_ready()
         except BaseException:
             self.close()
             raise
+
+    def _worker(self, index: int, env: Optional[dict]) -> Worker:
+        args = (self.config, index, self.num_actors, self._delays.get(index, 0.0))
+        return Worker(f"actor{index}", _actor, args, env)
+
+    def template(self) -> Snapshot:
+        """A snapshot of the initial state (the shapes a checkpoint restores into)."""
+        state = self.executor.init(jax.random.PRNGKey(self.config.run.seed))
+        actors = self._request_states("template", {i: "current" for i in range(self.num_actors)}, wait=True)
+        return Snapshot(jax.device_get(state.learner), actors, 0, 0)
+
+    def restart_actor(self, index: int, env: Optional[dict]) -> float:
+        """Replaces actor `index` (between its rollouts, its trajectory consumed) by a new process
+        with environment `env` (e.g. another SM quota), carrying its env state and key over.
+        Returns the seconds it took."""
+        start = time.perf_counter()
+        state = self._request_states(f"restart{index}", {index: "current"}, wait=True)[0]
+        self.actors[index].stop()
+        self.actors[index] = self._worker(index, env)
+        self.actors[index].start()
+        self.actors[index].send(("restore", state))
+        return time.perf_counter() - start
+
+    def _request_states(self, tag, which: dict[int, str], wait: bool) -> Optional[list]:
+        self._states[tag] = {}
+        for i, kind in which.items():
+            self.actors[i].send(("state", tag, kind))
+        if not wait:
+            return None
+        deadline = time.monotonic() + 300.0
+        while len(self._states[tag]) < len(which):
+            self._pump(deadline)
+        states = self._states.pop(tag)
+        return [states[i] for i in sorted(states)]
 
     def _batch(self, unrolls: dict, learner, lag: int):
         from jaxrose.ppo_program import to_batch
@@ -126,28 +197,41 @@ class AsyncTrainer:
         return batch, stats
 
     def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: float = 300.0,
-            on_update=None) -> AsyncResult:
-        """Runs until `updates` learner updates or `env_steps` consumed env steps, whichever is given.
+            on_update=None, start: Optional[Snapshot] = None, snapshot_due=None, on_snapshot=None,
+            manager=None) -> AsyncResult:
+        """Runs until `updates` learner updates or `env_steps` consumed env steps (counted from the
+        start of the run, so a resumed run has the same budget), whichever is given.
         `on_update(update, env_steps, learner, info)` is called after each update (logging, evaluation);
-        `info` holds the update's lags, queue depth and training returns."""
+        `info` holds the update's lags, queue depth and training returns.
+        `start`: a snapshot to continue from. `snapshot_due(update, env_steps)`: whether to take a
+        snapshot after this update; each is handed to `on_snapshot` once all actors reported, and
+        one more at the end. `manager`: a `jaxrose.resources.ResourceManager` fed with measurements."""
         if (updates is None) == (env_steps is None):
             raise ValueError("Give exactly one of `updates` and `env_steps`.")
-        state = self.executor.init(jax.random.PRNGKey(self.config.run.seed))
-        learner, version = state.learner, 0
+        if start is None:
+            learner, version, consumed = self.executor.init(jax.random.PRNGKey(self.config.run.seed)).learner, 0, 0
+        else:
+            learner, version, consumed = jax.device_put(start.learner), start.updates, start.env_steps
+            for actor, state in zip(self.actors, start.actors, strict=True):
+                actor.send(("restore", state))
+        self._manager, self._ready, sent_at = manager, {}, self._sent_at
+        if manager is not None:
+            manager.start(self)
         params_sent = {}
+        host_params = jax.device_get((learner.params, learner.normalizer))
         for i, actor in enumerate(self.actors):
-            actor.send(("params", version, *jax.device_get((learner.params, learner.normalizer))))
-            params_sent[i] = version
+            actor.send(("params", version, *host_params))
+            params_sent[i], sent_at[i] = version, time.perf_counter()
         lags, depths, returns = [], [], []
         rollouts = {i: 0 for i in range(self.num_actors)}
-        ready: dict[int, tuple[int, dict]] = {}
-        start, done, consumed = time.perf_counter(), 0, 0
+        ready = self._ready
+        pending: dict = {}  # snapshots waiting for actors' states
+        start_time, done = time.perf_counter(), version
         steps_per_group_rollout = self.config.env_steps_per_iteration // self.config.env.num_groups
         groups_per_actor = self.config.env.num_groups // self.num_actors
         while (done < updates) if updates is not None else (consumed < env_steps):
             urgent = [i for i in range(self.num_actors) if version + 1 - params_sent[i] > self.max_lag]
-            needed = urgent or None
-            self._gather(ready, needed, timeout)
+            waited = self._gather(urgent or None, timeout)
             take = urgent if urgent else [min(ready, key=lambda i: ready[i][0])]
             depths.append(len(ready))
             batch_lags = [version - ready[i][0] for i in take]
@@ -160,35 +244,83 @@ class AsyncTrainer:
             consumed += len(take) * groups_per_actor * steps_per_group_rollout
             if float(stats["episodes"]) > 0:
                 returns.append(float(stats["episode_return"]))
+            if snapshot_due is not None and snapshot_due(version, consumed):
+                pending[version] = self._snapshot_request(version, consumed, learner, take)
+            if manager is not None:
+                manager.on_update(time.perf_counter(), batch_lags, depths[-1], waited)
+                for i in take:
+                    env = manager.restart_env(i)
+                    if env is not None:
+                        manager.restarted(i, self.restart_actor(i, env))
             host_params = jax.device_get((learner.params, learner.normalizer))
             for i in take:
                 rollouts[i] += 1
                 self.actors[i].send(("params", version, *host_params))
-                params_sent[i] = version
+                params_sent[i], sent_at[i] = version, time.perf_counter()
+            self._deliver(pending, on_snapshot)
             if on_update is not None:
                 on_update(done, consumed, learner, {"lags": batch_lags, "queue_depth": depths[-1],
                                                  "episode_return": float(stats["episode_return"]),
                                                  "episodes": float(stats["episodes"])})
-        wall = time.perf_counter() - start
-        return AsyncResult(learner, done, lags, rollouts, depths, wall, consumed, returns)
+        wall = time.perf_counter() - start_time
+        if on_snapshot is not None:
+            if version not in pending:  # every actor is rolling out from the state to save by now
+                pending[version] = self._snapshot_request(version, consumed, learner, [])
+            deadline = time.monotonic() + timeout
+            while pending:
+                self._pump(deadline)
+                self._deliver(pending, on_snapshot)
+        # Every actor has one rollout out: wait for it, so the actors are idle and a later `run` starts clean.
+        deadline = time.monotonic() + timeout
+        while len(ready) < self.num_actors:
+            self._pump(deadline)
+        ready.clear()
+        return AsyncResult(learner, done - (start.updates if start else 0), lags, rollouts, depths, wall,
+                           consumed - (start.env_steps if start else 0), returns,
+                           list(manager.decisions) if manager is not None else [])
 
-    def _gather(self, ready: dict, needed: Optional[list[int]], timeout: float) -> None:
-        """Receives trajectories: at least one if `needed` is None, else one from each needed actor."""
+    def _snapshot_request(self, version: int, consumed: int, learner, take: list[int]) -> tuple:
+        """Asks every actor for the state its next unconsumed rollout starts from (see the module doc)."""
+        self._request_states(("snapshot", version), {i: "current" if i in take else "start"
+                                                     for i in range(self.num_actors)}, wait=False)
+        return jax.device_get(learner), consumed
+
+    def _deliver(self, pending: dict, on_snapshot) -> None:
+        for version in [v for v in pending if len(self._states[("snapshot", v)]) == self.num_actors]:
+            learner, consumed = pending.pop(version)
+            states = self._states.pop(("snapshot", version))
+            if on_snapshot is not None:
+                on_snapshot(Snapshot(learner, [states[i] for i in range(self.num_actors)], version, consumed))
+
+    def _pump(self, deadline: float) -> None:
+        """Receives whatever the actors sent (trajectories, states), waiting up to 0.5 s for something."""
+        if not wait([a._conn for a in self.actors], timeout=0.5):
+            for actor in self.actors:
+                if not actor.process.is_alive():
+                    raise actor.death_error("while rolling out")
+            if time.monotonic() > deadline:
+                raise TimeoutError("No trajectory arrived within the timeout.")
+            return
+        for actor in self.actors:
+            while actor.poll():
+                message = actor.receive(60.0)
+                if message[0] == "state":
+                    _, index, tag, state = message
+                    self._states[tag][index] = state
+                    continue
+                _, index, version, unrolls = message
+                self._ready[index] = (version, unrolls)
+                if self._manager is not None:
+                    self._manager.on_trajectory(index, time.perf_counter() - self._sent_at[index])
+
+    def _gather(self, needed: Optional[list[int]], timeout: float) -> float:
+        """Receives trajectories: at least one if `needed` is None, else one from each needed actor.
+        Returns the seconds the learner waited."""
+        start, ready = time.perf_counter(), self._ready
         deadline = time.monotonic() + timeout
         while (needed is None and not ready) or (needed and any(i not in ready for i in needed)):
-            waiting = [a for i, a in enumerate(self.actors) if i not in ready]
-            connections = [a._conn for a in waiting]
-            if not wait(connections, timeout=0.5):
-                for actor in waiting:
-                    if not actor.process.is_alive():
-                        raise actor.death_error("while rolling out")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"No trajectory arrived within {timeout:.0f} s.")
-                continue
-            for i, actor in enumerate(self.actors):
-                if i not in ready and actor.poll():
-                    _, index, version, unrolls = actor.receive(timeout)
-                    ready[index] = (version, unrolls)
+            self._pump(deadline)
+        return time.perf_counter() - start
 
     def close(self) -> None:
         for actor in self.actors:

@@ -2,8 +2,10 @@
 
 The env-step budget and the evaluation schedule are the synchronous run's (an evaluation each time
 the consumed env steps pass another `iterations_per_eval` iterations' worth), so the two modes
-compare run for run. Checkpoints are not written in this mode yet (the env states live in the
-actor processes); `run.resume` is refused.
+compare run for run. Checkpoints are snapshots (`AsyncTrainer`: no barrier, the actors report
+between rollouts) taken on the evaluation schedule, every `run.checkpoint_every` iterations' worth
+of env steps, and at the end, written in a background thread; `run.resume` continues from the
+newest. With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas and cores.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import time
 import jax
 import numpy as np
 
+from jaxrose import async_checkpoint
 from jaxrose.async_mode import AsyncTrainer
+from jaxrose.checkpoint import Checkpointer
 from jaxrose.callbacks import JsonlWriter, ProgressBar, TensorBoardWriter
-from jaxrose.config import ConfigError, TrainConfig
+from jaxrose.config import TrainConfig
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.mps import prepare_clients
+from jaxrose.resources import ResourceManager, initial_allocation, quota_env
 
 
 def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
@@ -26,15 +31,18 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
     from jaxrose.train import TrainResult
 
     run = config.run
-    if run.resume:
-        raise ConfigError("run.resume is not supported with run.mode='async' yet; resume in sync mode.")
     names = [f"actor{i}" for i in range(run.actors)]
-    envs = prepare_clients({**{n: None for n in names}, "evaluator": run.eval_sm_percentage}, run.use_mps,
+    managed = run.resources.manager == "on"
+    quotas = initial_allocation(run.resources, run.actors, [0]).sm_quotas if managed else [None] * run.actors
+    envs = prepare_clients({**dict(zip(names, quotas)), "evaluator": run.eval_sm_percentage}, run.use_mps,
                            run.compile_cache)
     out_dir = os.path.abspath(run.out_dir)
     sinks = list(callbacks)
+    saver, manager = None, None
     if write_outputs:
         os.makedirs(out_dir, exist_ok=True)
+        saver = async_checkpoint.BackgroundSaver(
+            Checkpointer(os.path.join(out_dir, "checkpoints"), keep=run.keep_checkpoints), config)
         sinks.append(JsonlWriter(os.path.join(out_dir, "metrics.jsonl")))
         if run.tensorboard:
             sinks.append(TensorBoardWriter(os.path.join(out_dir, "tensorboard")))
@@ -44,6 +52,14 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
     evaluator, trainer = ProcessEvaluator(config, envs["evaluator"]), None
     evaluations, update_seconds, update_starts = [], [], []
     eval_every = config.iterations_per_eval * config.env_steps_per_iteration
+    every = [eval_every] + ([run.checkpoint_every * config.env_steps_per_iteration] if run.checkpoint_every else [])
+    next_save = {"steps": eval_every}
+
+    def snapshot_due(update, steps):
+        if steps < next_save["steps"]:
+            return False
+        next_save["steps"] = min((steps // n + 1) * n for n in every)
+        return True
 
     def emit(steps, metrics):
         for sink in sinks:
@@ -58,12 +74,22 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
     try:
         evaluator.start()
         start = time.perf_counter()
-        trainer = AsyncTrainer(config, run.actors, run.max_policy_lag, worker_env=envs[names[0]])
+        trainer = AsyncTrainer(config, run.actors, run.max_policy_lag, actor_envs=[envs[n] for n in names])
         startup_seconds = time.perf_counter() - start
-        state0 = trainer.executor.init(jax.random.PRNGKey(run.seed))
-        if run.num_evals > 1:
-            evaluator.submit(0, state0.learner)
-        last = {"time": time.perf_counter(), "next_eval": eval_every}
+        resumed = None
+        if run.resume:
+            source = Checkpointer(os.path.join(os.path.abspath(run.resume), "checkpoints"))
+            resumed = async_checkpoint.restore(source, trainer.template(), config)
+            if saver is not None:  # the restore may have moved a damaged step aside
+                saver.checkpointer.reload()
+        if managed:
+            manager = ResourceManager(run.resources, run.actors, quota_env(run.use_mps, run.compile_cache),
+                                      os.path.join(out_dir, "resources.jsonl") if write_outputs else None)
+        consumed0 = resumed.env_steps if resumed else 0
+        if run.num_evals > 1 and resumed is None:
+            evaluator.submit(0, trainer.executor.init(jax.random.PRNGKey(run.seed)).learner)
+        last = {"time": time.perf_counter(), "next_eval": (consumed0 // eval_every + 1) * eval_every}
+        next_save["steps"] = min((consumed0 // n + 1) * n for n in every)
 
         def on_update(update, steps, learner, info):
             now = time.perf_counter()
@@ -77,15 +103,27 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
                 last["next_eval"] += eval_every
             record(evaluator.finished())
 
-        result = trainer.run(env_steps=budget, on_update=on_update)
+        result = trainer.run(env_steps=budget, on_update=on_update, start=resumed, snapshot_due=snapshot_due,
+                             on_snapshot=saver, manager=manager)
+        if saver is not None:
+            saver.wait()
         record(evaluator.drain())
-        emit(result.env_steps, {"perf/rollout_sps": result.rollout_sps,
+        for decision in result.resource_decisions:
+            if decision["kind"] in ("sm_quota", "cores", "restart"):
+                emit(consumed0 + result.env_steps, {f"resources/{decision['process']}_{decision['kind']}":
+                                        float(np.mean(decision["after"]))})
+        emit(consumed0 + result.env_steps, {"perf/rollout_sps": result.rollout_sps,
                                 "perf/updates_per_second": result.updates_per_second,
                                 "train/policy_lag_mean": float(np.mean(result.lags)),
                                 "perf/queue_depth_mean": float(np.mean(result.queue_depths))})
     finally:
         if trainer is not None:
             trainer.close()
+        if manager is not None:
+            manager.close()
+        if saver is not None:
+            saver.wait()
+            saver.checkpointer.close()
         evaluator.close()
         for sink in sinks:
             if hasattr(sink, "close"):

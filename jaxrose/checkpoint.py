@@ -6,6 +6,10 @@ as a wrong number, even NaN), so each step also gets a checksum manifest once or
 (`jaxrose.manifest`), verified before restoring. Resuming takes the newest intact step: a damaged
 newer one is moved aside with a warning. A save that fails (full disk, no permission) removes its
 partial files and raises `CheckpointError` naming the folder; the previous step stays.
+
+Over several processes (`jaxrose.distributed`) every process calls `save` and writes its shards of
+the sharded arrays (orbax coordinates them); process 0 writes the manifest. A restore reshards to
+the target's shardings, so a step saved on N devices restores on any other count.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
-from jaxrose import manifest
+from jaxrose import distributed, manifest
 
 FORMAT_VERSION = 1
 ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -56,7 +60,7 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def save(self, step: int, state: Any, config) -> None:
-        meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(config)}
+        meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(config), "layout": _layout(config)}
         try:
             self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_flatten(state)),
                                                              meta=ocp.args.JsonSave(meta)), force=True)
@@ -64,13 +68,18 @@ class Checkpointer:
         except Exception as error:
             self._remove_partial(step)
             raise self._save_error(step, error) from error
+        # Over several processes each writes its own shards; process 0 lists them once all are done.
+        distributed.barrier(f"jaxrose_checkpoint_saved_{step}")
         try:
-            manifest.write(self.step_dir(step))
+            if distributed.is_main_process():
+                manifest.write(self.step_dir(step))
         except Exception as error:
             # A step without its manifest could not be checked later: drop it, keep the previous one.
             shutil.rmtree(self.step_dir(step), ignore_errors=True)
             self._manager.reload()
             raise self._save_error(step, error) from error
+        finally:
+            distributed.barrier(f"jaxrose_checkpoint_listed_{step}")
 
     def _remove_partial(self, step: int) -> None:
         """Removes the temporary folder a failed save leaves (on a full disk that space is needed
@@ -132,6 +141,7 @@ class Checkpointer:
         folder = self.step_dir(step)
         problem = manifest.verify(folder)
         if problem is None:
+            self._check_layout(step, config)
             try:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(_flatten(target)), meta=ocp.args.JsonRestore()))
@@ -156,6 +166,17 @@ class Checkpointer:
                                       f"the same settings or start a new run.out_dir.")
         return _unflatten(target, restored["state"])
 
+    def _check_layout(self, step: int, config) -> None:
+        """The state's tree depends on the mode (and the actor count): say so before orbax fails on it."""
+        try:
+            saved = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception:  # unreadable metadata: the full restore reports it as damage
+            return
+        layout = saved.get("layout", {"mode": "sync"})
+        if layout != _layout(config):
+            raise CheckpointError(f"Checkpoint step {step} in {self.directory} holds a {layout} run's state, not "
+                                  f"a {_layout(config)} one; resume with the same run.mode and run.actors.")
+
     def _set_aside(self, folder: str) -> str:
         """Renames a damaged step's folder (kept for inspection); says where it went."""
         target, n = f"{folder}.damaged", 1
@@ -171,6 +192,13 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _layout(config) -> dict:
+    """What shapes a checkpoint's tree: the asynchronous mode stores one env state per actor."""
+    if config.run.mode == "async":
+        return {"mode": "async", "actors": config.run.actors}
+    return {"mode": "sync"}
 
 
 def _flatten(tree: Any) -> dict[str, Any]:

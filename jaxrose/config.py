@@ -133,6 +133,47 @@ class PPOConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResourceConfig:
+    """The asynchronous mode's resource manager (`jaxrose.resources`): SM quotas and CPU cores of
+    the actor and learner processes, rebalanced from runtime measurements."""
+
+    manager: Literal["off", "on"] = "off"
+    interval: float = 5.0
+    """Seconds between two decisions (each one sees the measurements of the last interval)."""
+    sm_levels: tuple[int, ...] = (25, 50, 75, 100)
+    """MPS quota levels (SM %) an actor may get; a change restarts the actor (warm with run.compile_cache)."""
+    sm_pool: int = 100
+    """Actors' quotas sum to at most this; the learner (the controller process, uncapped) uses the rest."""
+    learner_cores: int = 1
+    """CPU cores pinned to the learner at start; the other cores of this process's set go to the actors."""
+    starve_fraction: float = 0.3
+    """The learner waiting this share of an interval or more for trajectories: actors are the bottleneck."""
+    queue_fraction: float = 0.5
+    """Mean ready trajectories at or above this share of the actors (and no starving): the learner is."""
+    slow_ratio: float = 1.5
+    """An actor whose rollouts take this many times the others' median is a straggler."""
+    patience: int = 2
+    """Consecutive intervals a signal must persist before the manager acts on it."""
+    cooldown: int = 2
+    """Intervals after a change during which no other change is made (its effect is measured first)."""
+
+    def __post_init__(self):
+        _require(self.interval > 0, f"run.resources.interval must be > 0 seconds, got {self.interval}.")
+        levels = self.sm_levels
+        _require(len(levels) >= 1 and all(1 <= v <= 100 for v in levels) and list(levels) == sorted(set(levels)),
+                 f"run.resources.sm_levels must be increasing percentages in [1, 100], got {levels}.")
+        _require(levels[0] <= self.sm_pool <= 100,
+                 f"run.resources.sm_pool must lie in [{levels[0]}, 100] (the lowest level to 100), got {self.sm_pool}.")
+        _require(self.learner_cores >= 1, f"run.resources.learner_cores must be >= 1, got {self.learner_cores}.")
+        _require(0 < self.starve_fraction < 1,
+                 f"run.resources.starve_fraction must lie in (0, 1), got {self.starve_fraction}.")
+        _require(self.queue_fraction > 0, f"run.resources.queue_fraction must be > 0, got {self.queue_fraction}.")
+        _require(self.slow_ratio > 1, f"run.resources.slow_ratio must be > 1, got {self.slow_ratio}.")
+        _require(self.patience >= 1, f"run.resources.patience must be >= 1, got {self.patience}.")
+        _require(self.cooldown >= 0, f"run.resources.cooldown must be >= 0, got {self.cooldown}.")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Budget, evaluation schedule, seed, outputs."""
 
@@ -171,9 +212,19 @@ class RunConfig:
     `max_policy_lag` updates (EBRL)."""
     actors: int = 2
     max_policy_lag: int = 1
+    resources: ResourceConfig = ResourceConfig()
+    """The asynchronous mode's resource manager (off by default)."""
     devices: int = 1
-    """Local devices to spread env groups over (data parallel: env state sharded by group, gradients
-    reduced by XLA's collectives). env.num_groups must be a multiple of it."""
+    """Local devices per process to spread env groups over (data parallel: env state sharded by
+    group, gradients reduced by XLA's collectives). env.num_groups must be a multiple of run.devices
+    times the number of processes."""
+    coordinator_address: Optional[str] = None
+    """host:port of process 0 for a run over several processes (`jax.distributed`); else
+    JAX_COORDINATOR_ADDRESS, or SLURM's under srun (see `jaxrose.distributed`)."""
+    num_processes: Optional[int] = None
+    """Processes in the run (one per host, or one per GPU); else JAX_NUM_PROCESSES, or SLURM's."""
+    process_id: Optional[int] = None
+    """This process's rank in [0, num_processes); else JAX_PROCESS_ID, or SLURM's."""
     compile_cache: Optional[str] = None
     """Folder for XLA's persistent compilation cache, shared with every worker process, so that
     workers (re)start without compiling again (e.g. to change an MPS quota). None: off."""
@@ -190,11 +241,24 @@ class RunConfig:
         _require(self.devices >= 1, f"run.devices must be >= 1, got {self.devices}.")
         _require(self.actors >= 1, f"run.actors must be >= 1, got {self.actors}.")
         _require(self.max_policy_lag >= 0, f"run.max_policy_lag must be >= 0, got {self.max_policy_lag}.")
+        _require(self.resources.manager == "off" or self.mode == "async",
+                 "run.resources.manager='on' needs run.mode='async' (it rebalances actor and learner processes).")
         _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
         _require(self.on_nonfinite in ("stop", "skip"),
                  f"run.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}.")
         _require(self.max_consecutive_skips >= 1,
                  f"run.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}.")
+        _require(self.num_processes is None or self.num_processes >= 1,
+                 f"run.num_processes must be >= 1, got {self.num_processes}.")
+        _require(self.process_id is None or 0 <= self.process_id < (self.num_processes or self.process_id + 1),
+                 f"run.process_id must lie in [0, run.num_processes), got {self.process_id} of {self.num_processes}.")
+        _require(self.coordinator_address is None or _is_host_port(self.coordinator_address),
+                 f"run.coordinator_address must be host:port (e.g. 10.0.0.1:1234), got {self.coordinator_address!r}.")
+        if (self.num_processes or 1) > 1:
+            # Only the sequential executor shards over processes; the others run worker processes of their own.
+            _require(self.mode == "sync" and self.plan is None and self.eval_mode == "inline",
+                     "Several processes (run.num_processes > 1) need run.mode='sync', no run.plan and "
+                     "run.eval_mode='inline'.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,9 +279,15 @@ class TrainConfig:
         self._check_devices()
 
     def _check_devices(self) -> None:
-        _require(self.env.num_groups % self.run.devices == 0,
-                 f"env.num_groups ({self.env.num_groups}) must be a multiple of run.devices ({self.run.devices}): "
-                 f"each device holds whole env groups. Set env.num_groups to a multiple of run.devices.")
+        self.check_devices(self.run.num_processes or 1)
+
+    def check_devices(self, num_processes: int) -> None:
+        """Every device of every process holds whole env groups (the count is known once the processes joined)."""
+        total = self.run.devices * num_processes
+        across = f" times {num_processes} processes" if num_processes > 1 else ""
+        _require(self.env.num_groups % total == 0,
+                 f"env.num_groups ({self.env.num_groups}) must be a multiple of run.devices ({self.run.devices}){across}: "
+                 f"each device holds whole env groups. Set env.num_groups to a multiple of {total}.")
 
     @property
     def unrolls_per_iteration(self) -> int:
@@ -237,6 +307,11 @@ class TrainConfig:
     @property
     def num_iterations(self) -> int:
         return self.iterations_per_eval * max(self.run.num_evals - 1, 1)
+
+
+def _is_host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
 
 
 def replace(config, **changes):

@@ -17,6 +17,7 @@ from flax import struct
 import envs
 from envs.randomization import randomize
 from envs.wrappers import HistoryWrapper, wrap_for_training
+from jaxrose import distributed
 from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.networks import make_actor_critic
 from jaxrose.ppo import LearnerState, make_optimizer
@@ -65,6 +66,7 @@ def make_env(config: TrainConfig) -> envs.Env:
 
 class SequentialExecutor:
     def __init__(self, config: TrainConfig, env: envs.Env | None = None, program: Program | None = None):
+        distributed.initialize(config.run)  # before this process's first computation fixes its devices
         self.config = config
         self.env = env if env is not None else make_env(config)
         self.observation_size = int(self.env.observation_size)
@@ -76,12 +78,12 @@ class SequentialExecutor:
         self.learner = make_learner(self.net, self.observation_size, config.ppo)
         self.program = program or make_ppo_program(self.train_env, self.net, config, make_optimizer(config.ppo))
         self._compiled = None
-        if config.run.devices == 1:
+        if config.run.devices == 1 and jax.process_count() == 1:
             self._init = jax.jit(self._init_impl)
             self._step = jax.jit(self._iteration, donate_argnums=0)
             return
-        # Data parallel over local devices: env groups sharded along the group axis, the learner
-        # replicated; XLA inserts the collectives (gradient and statistics reductions).
+        # Data parallel over devices (of every process): env groups sharded along the group axis, the
+        # learner replicated; XLA inserts the collectives (gradient and statistics reductions).
         state_sharding = self.state_sharding()
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self._init = jax.jit(self._init_impl, out_shardings=state_sharding)
@@ -89,14 +91,19 @@ class SequentialExecutor:
                              out_shardings=(state_sharding, replicated))
 
     def state_sharding(self):
-        """Shardings of a RunState: env state split by group over `run.devices` local devices."""
+        """Shardings of a RunState: env state split by group over `run.devices` devices of each process."""
         devices = self.config.run.devices
         if jax.local_device_count() < devices:
             raise ConfigError(f"run.devices is {devices} but this process sees {jax.local_device_count()} "
                               f"local device(s); lower run.devices.")
+        self.config.check_devices(jax.process_count())
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-        self.mesh = Mesh(np.array(jax.local_devices()[:devices]), ("groups",))
+        # Process-major order: process p holds a contiguous block of groups, so 2 processes x 2 devices
+        # lay the groups out exactly as 1 process x 4 devices.
+        per_process = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)[:devices]
+                       for p in range(jax.process_count())]
+        self.mesh = Mesh(np.array([d for block in per_process for d in block]), ("groups",))
         by_group, replicated = NamedSharding(self.mesh, PartitionSpec("groups")), NamedSharding(self.mesh, PartitionSpec())
         shapes = jax.eval_shape(self._init_impl, jax.random.PRNGKey(0))
         return shapes.replace(

@@ -17,9 +17,10 @@ from typing import Iterable, Mapping, Optional
 import jax
 import numpy as np
 
+from jaxrose import distributed
 from jaxrose.callbacks import Callback, JsonlWriter, ProgressBar, TensorBoardWriter
 from jaxrose.checkpoint import Checkpointer
-from jaxrose.config import TrainConfig
+from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
 from jaxrose.mps import prepare_clients
@@ -68,10 +69,15 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     final state and metrics.
 
     Outputs (metrics.jsonl, TensorBoard events, checkpoints/, learning_curve.png) go to
-    `config.run.out_dir` when `write_outputs` is true.
+    `config.run.out_dir` when `write_outputs` is true. Over several processes (`jaxrose.distributed`)
+    only process 0 writes them and calls `callbacks`; every process takes part in each checkpoint,
+    so out_dir must be one shared folder.
     """
     if config.run.compile_cache:
         use_compile_cache(config.run.compile_cache)
+    several = distributed.initialize(config.run)  # before anything touches a device (MPS comes later still)
+    if several and (config.run.mode != "sync" or config.run.plan or config.run.eval_mode != "inline"):
+        raise ConfigError("Several processes need run.mode='sync', no run.plan and run.eval_mode='inline'.")
     if config.run.mode == "async":
         from jaxrose.async_train import train_async
 
@@ -117,6 +123,9 @@ class _TrainingLoop:
         self.steps_per_iteration = self.executor.env_steps_per_iteration
         self.out_dir = os.path.abspath(self.run_config.out_dir)
         self.write_outputs = write_outputs
+        self.main = distributed.is_main_process()
+        if not self.main:
+            self.sinks = []  # logs, metrics and plots come from process 0 alone
         self.checkpointer = None
         self.evaluations: list[dict] = []
         if write_outputs:
@@ -124,9 +133,12 @@ class _TrainingLoop:
 
     def _open_outputs(self) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
+        # Every process saves its shards of each checkpoint; the rest is process 0's.
+        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"), keep=self.run_config.keep_checkpoints)
+        if not self.main:
+            return
         with open(os.path.join(self.out_dir, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(self.config), f, indent=2)
-        self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"), keep=self.run_config.keep_checkpoints)
         self.sinks.append(JsonlWriter(os.path.join(self.out_dir, "metrics.jsonl")))
         if self.run_config.tensorboard:
             self.sinks.append(TensorBoardWriter(os.path.join(self.out_dir, "tensorboard")))
@@ -154,7 +166,7 @@ class _TrainingLoop:
             self.remote.submit(iteration, state.learner)
             return
         start = time.perf_counter()
-        learner = state.learner
+        learner = distributed.local_copy(state.learner)  # each process evaluates alone; process 0 reports
         metrics = _scalars(self.evaluate(learner.params, learner.normalizer,
                                          evaluation_key(self.run_config.seed, iteration)))
         result = {f"eval/{k}": v for k, v in metrics.items()}
@@ -181,7 +193,7 @@ class _TrainingLoop:
         config, run = self.config, self.run_config
         state = self.initial_state()
         start_iteration = int(state.iteration)
-        if run.progress_bar:
+        if run.progress_bar and self.main:
             self.sinks.append(ProgressBar(config.num_iterations * self.steps_per_iteration,
                                           start_iteration * self.steps_per_iteration))
         compile_seconds = self.executor.compile(state)
@@ -225,7 +237,7 @@ class _TrainingLoop:
             self._close_outputs()
         wall_seconds = time.perf_counter() - wall_start
         self.evaluations.sort(key=lambda e: e["iteration"])
-        if self.write_outputs:
+        if self.write_outputs and self.main:
             plot_learning_curve(os.path.join(self.out_dir, "metrics.jsonl"),
                                 os.path.join(self.out_dir, "learning_curve.png"),
                                 title=f"{config.env.name}: PPO (jaxrose)")

@@ -1,11 +1,10 @@
-"""Moving a pytree of arrays between processes through shared host memory.
+"""Moving a pytree of arrays between processes through buffers both sides map.
 
-One `SharedTree` per direction and tree structure: the first `write` creates one shared-memory
-segment per leaf; later writes copy into the same segments and send only a sequence number over
-the pipe, so a hand-off costs one memcpy per leaf plus one small message. The reader copies the
-leaves out and acknowledges; the writer does not overwrite a buffer the reader has not released.
-(On a GPU the same protocol would use CUDA IPC buffers; see DESIGN.md for why JAX's own buffers
-cannot be exported.)
+`HostBuffers` (shared host memory) and `jaxrose.gpu_transport.DeviceBuffers` (CUDA IPC memory)
+hold one tree of fixed shapes, created and freed by the controller; a worker attaches with
+`attach(buffers.describe())`. A hand-off is a copy in, a pipe message, a copy out; the messages
+around it say when each side may read or overwrite. `SharedTree` / `SharedTreeReader` are the host
+variant for trees whose shapes are known only at the first write.
 """
 
 from __future__ import annotations
@@ -29,62 +28,46 @@ class LeafSpec:
 
 
 class SharedTree:
-    """Writer side: owns the segments and unlinks them on `close`."""
+    """Writer side, for trees whose shapes are known only at the first write: `HostBuffers` made
+    from that first tree; every write returns the message a `SharedTreeReader` reads."""
 
     def __init__(self):
-        self._segments: list[shared_memory.SharedMemory] = []
-        self._specs: list[LeafSpec] = []
-        self._treedef = None
+        self._buffers: HostBuffers | None = None
 
     def write(self, tree: Any) -> dict:
         """Copies the tree's leaves into shared memory; returns the message that describes them."""
-        leaves, treedef = jax.tree.flatten(jax.device_get(tree))
-        leaves = [np.asarray(leaf) for leaf in leaves]
-        if self._treedef is None:
-            self._treedef = treedef
-            for leaf in leaves:
-                segment = shared_memory.SharedMemory(create=True, size=max(1, leaf.nbytes))
-                self._segments.append(segment)
-                self._specs.append(LeafSpec(segment.name, leaf.shape, leaf.dtype.str))
-        elif treedef != self._treedef:
-            raise ValueError("SharedTree carries one tree structure; make one SharedTree per structure.")
-        for segment, spec, leaf in zip(self._segments, self._specs, leaves):
-            np.ndarray(spec.shape, spec.dtype, buffer=segment.buf)[...] = leaf
-        return {"specs": self._specs, "treedef": self._treedef}
+        tree = jax.tree.map(np.asarray, jax.device_get(tree))
+        if self._buffers is None:
+            self._buffers = HostBuffers(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree))
+        self._buffers.write(tree)
+        return self._buffers.describe()
 
     def close(self) -> None:
-        for segment in self._segments:
-            segment.close()
-            try:
-                segment.unlink()
-            except FileNotFoundError:
-                pass
-        self._segments.clear()
+        if self._buffers is not None:
+            self._buffers.close()
+            self._buffers = None
 
 
 class SharedTreeReader:
-    """Reader side: attaches to the writer's segments once and copies leaves out on every read.
+    """Reader side: attaches to a writer's segments once and copies leaves out on every read.
 
     Readers are workers spawned by the writer's process, so they share its resource tracker: the
     writer's `close` unlinks each segment once, and a reader only detaches.
     """
 
     def __init__(self):
-        self._attached: dict[str, shared_memory.SharedMemory] = {}
+        self._views: dict[tuple[str, ...], HostBuffersView] = {}
 
     def read(self, message: dict) -> Any:
-        leaves = []
-        for spec in message["specs"]:
-            segment = self._attached.get(spec.segment)
-            if segment is None:
-                segment = self._attached[spec.segment] = _attach(spec.segment)
-            leaves.append(np.array(np.ndarray(spec.shape, spec.dtype, buffer=segment.buf)))
-        return jax.tree.unflatten(message["treedef"], leaves)
+        key = tuple(spec.segment for spec in message["specs"])
+        if key not in self._views:
+            self._views[key] = HostBuffersView(message)
+        return self._views[key].read()
 
     def close(self) -> None:
-        for segment in self._attached.values():
-            segment.close()
-        self._attached.clear()
+        for view in self._views.values():
+            view.close()
+        self._views.clear()
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:

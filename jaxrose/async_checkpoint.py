@@ -1,0 +1,62 @@
+"""Checkpoints of the asynchronous mode: a `Snapshot` written by a background thread.
+
+The trainer hands over host copies (the learner's and each actor's state), so the actors and the
+learner go on while orbax writes; only one save is in flight, and its error surfaces at the next
+save or at `close`. The tree holds the learner, each actor's env state and RNG key, and the
+counters (updates, consumed env steps); the step number is the update count.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import numpy as np
+
+from jaxrose.async_mode import Snapshot
+from jaxrose.checkpoint import Checkpointer
+
+
+def to_tree(snapshot: Snapshot) -> dict:
+    return {"learner": snapshot.learner,
+            "actors": [{"env_state": env_state, "key": key} for env_state, key in snapshot.actors],
+            "updates": np.asarray(snapshot.updates, np.int64), "env_steps": np.asarray(snapshot.env_steps, np.int64)}
+
+
+def from_tree(tree: dict) -> Snapshot:
+    return Snapshot(tree["learner"], [(a["env_state"], a["key"]) for a in tree["actors"]],
+                    int(tree["updates"]), int(tree["env_steps"]))
+
+
+def restore(checkpointer: Checkpointer, template: Snapshot, config) -> Snapshot:
+    """The newest intact step, shaped like `template` (see `Checkpointer.restore`)."""
+    return from_tree(checkpointer.restore(to_tree(template), config))
+
+
+class BackgroundSaver:
+    def __init__(self, checkpointer: Checkpointer, config):
+        self.checkpointer, self.config = checkpointer, config
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self.saved: list[int] = []
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._save, args=(snapshot,), name="async-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _save(self, snapshot: Snapshot) -> None:
+        try:
+            self.checkpointer.save(snapshot.updates, to_tree(snapshot), self.config)
+            self.saved.append(snapshot.updates)
+        except BaseException as error:  # raised in the training thread by `wait`
+            self._error = error
+
+    def wait(self) -> None:
+        """Waits for the save in flight; raises its error, if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error

@@ -1,0 +1,106 @@
+"""Several processes (hosts) through `jax.distributed`: one call before anything touches a device.
+
+Where the coordinates come from, first found wins: the `run.coordinator_address`, `run.num_processes`
+and `run.process_id` settings; the environment variables JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID; JAX's own cluster detection under `srun` with several tasks (SLURM). Nothing set
+means one process and no coordinator. Every process then sees all processes' devices
+(`jax.devices()`), and XLA's collectives cross process boundaries (gloo on CPU, NCCL on GPU).
+
+`run.devices` counts devices per process; the executor's mesh takes that many from each process,
+process-major, so env groups split evenly over processes and devices. Nothing random is drawn per
+process on the host: the env and learner keys come from `run.seed` inside the global jitted init, so
+every group's key is distinct and the same as in a single-process run of the same global batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import jax
+
+from jaxrose.config import ConfigError, RunConfig
+
+ENV_VARS = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
+            "process_id": "JAX_PROCESS_ID"}
+
+
+def coordinates(run: RunConfig) -> Optional[dict]:
+    """`jax.distributed.initialize`'s arguments for this process, or None for a single process."""
+    found = {}
+    for field, variable in ENV_VARS.items():
+        value = getattr(run, field)
+        if value is None and os.environ.get(variable, "") != "":
+            value = os.environ[variable]
+            if field != "coordinator_address":
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise ConfigError(f"{variable} must be an integer, got {value!r}.") from None
+        found[field] = value
+    if all(value is None for value in found.values()):
+        if _slurm_tasks() > 1:
+            return {}  # JAX reads the coordinator, count and rank from SLURM itself
+        return None
+    if found["num_processes"] == 1:
+        return None
+    missing = [f"run.{field} (or {ENV_VARS[field]})" for field, value in found.items() if value is None]
+    if missing and _slurm_tasks() <= 1:
+        raise ConfigError(f"Several processes need all three of run.coordinator_address, run.num_processes and "
+                          f"run.process_id; missing {', '.join(missing)}.")
+    n, rank = found["num_processes"], found["process_id"]
+    if n is not None and rank is not None and not 0 <= rank < n:
+        raise ConfigError(f"run.process_id (or JAX_PROCESS_ID) must lie in [0, {n}), got {rank}.")
+    return {field: value for field, value in found.items() if value is not None}
+
+
+def initialize(run: RunConfig) -> bool:
+    """Joins the run's processes (idempotent) and says whether there are several; a no-op for a
+    single process. Must come before this process's first JAX computation, which fixes its devices.
+    Touches no device itself, so MPS can still be set up after it."""
+    if jax.distributed.is_initialized():
+        return True
+    arguments = coordinates(run)
+    if arguments is None:
+        return False
+    platforms = os.environ.get("JAX_PLATFORMS", "") or str(jax.config.jax_platforms or "")
+    if platforms in ("", "None") or platforms.startswith("cpu"):
+        # CPU devices of different processes reduce through gloo; the default ("none") cannot. It
+        # only concerns the CPU backend, so it is harmless where a GPU turns out to be the default.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(**arguments)
+    except RuntimeError as error:
+        if "before any JAX" in str(error):
+            raise ConfigError("jax.distributed must start before this process's first JAX computation: call "
+                              "jaxrose.distributed.initialize(config.run) (or train) before using JAX.") from error
+        raise
+    return True
+
+
+def is_main_process() -> bool:
+    """Process 0 writes the logs, metrics, plots and checkpoint checksums."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """All processes reach `name` before any goes on (no-op for one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _slurm_tasks() -> int:
+    # JAX's SLURM detection needs these; a batch script outside `srun` has no step node list.
+    if "SLURM_STEP_NODELIST" not in os.environ:
+        return 0
+    try:
+        return int(os.environ.get("SLURM_NTASKS", "0"))
+    except ValueError:
+        return 0
+
+
+def local_copy(tree):
+    """This process's copy of replicated arrays, e.g. parameters to evaluate without other processes."""
+    return jax.tree.map(lambda x: x if getattr(x, "is_fully_addressable", True) else x.addressable_data(0), tree)

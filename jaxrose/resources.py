@@ -1,0 +1,253 @@
+"""The asynchronous mode's resource manager: SM quotas and CPU cores for actors and the learner.
+
+Two halves. `decide` is the policy, a pure function of one interval's measurements: when the
+learner starves (waits for trajectories), the slowest actor gets one SM level more and a core;
+when trajectories queue up, the fastest actor gives one level up (freeing SMs for the learner,
+which is the controller process and stays uncapped) and a core to the learner. A signal must
+persist for `patience` intervals, and after a change `cooldown` intervals pass unmeasured before
+signals count again, so a noisy measurement or a change's transient does not make quotas flap. `ResourceManager` is the mechanism: it measures,
+calls `decide`, pins cores with `os.sched_setaffinity`, and has the trainer restart an actor whose
+quota changed (an MPS quota is fixed for a process's life). Every decision, with the measurements
+behind it, goes to a JSONL log and to the run's result. Without MPS a quota cannot take effect:
+the actor is still restarted (the same path) and the log says the quota was not applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from typing import Optional
+
+from jaxrose.config import ResourceConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """One interval of runtime feedback."""
+
+    rollout_seconds: tuple[float, ...]
+    """Per actor: mean seconds from parameters sent to trajectory received (nan: none finished)."""
+    learner_wait_fraction: float
+    """Share of the interval the learner waited for trajectories."""
+    queue_depth: float
+    """Mean trajectories ready when the learner took one."""
+    updates_per_second: float
+    lag_mean: float
+    lag_max: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    sm_quotas: tuple[int, ...]
+    """Per actor, an SM percentage from the configured levels."""
+    actor_cores: tuple[tuple[int, ...], ...]
+    learner_cores: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyState:
+    """What `decide` remembers between intervals: how long each signal has lasted, and the cooldown."""
+
+    streaks: tuple[tuple[str, int], ...] = ()
+    cooldown: int = 0
+
+
+def initial_allocation(config: ResourceConfig, num_actors: int, cores: list[int]) -> Allocation:
+    """Actors at the highest level that fits the pool evenly; `learner_cores` cores to the learner
+    and the rest dealt to the actors (shared round-robin where there are fewer cores than actors)."""
+    fitting = [v for v in config.sm_levels if v * num_actors <= config.sm_pool]
+    quota = fitting[-1] if fitting else config.sm_levels[0]
+    cores = sorted(cores)
+    learner = tuple(cores[:min(config.learner_cores, max(len(cores) - 1, 1))])
+    rest = cores[len(learner):] or list(learner)
+    per_actor = [tuple(c for j, c in enumerate(rest) if j % num_actors == i) or (rest[i % len(rest)],)
+                 for i in range(num_actors)]
+    return Allocation((quota,) * num_actors, tuple(per_actor), learner)
+
+
+def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: ResourceConfig
+           ) -> tuple[Allocation, PolicyState, list[dict]]:
+    """The next allocation, the policy's memory, and the decisions taken (each a dict with the
+    process, what changed, why, and the measurements)."""
+    rates = [s for s in m.rollout_seconds if s == s]  # nan: no rollout finished in the interval
+    starving = m.learner_wait_fraction >= config.starve_fraction
+    # Dead band: a queue counts only while the learner barely waits, so the two signals never both hold.
+    backlog = (not starving and m.learner_wait_fraction < config.starve_fraction / 2
+               and m.queue_depth >= config.queue_fraction * len(m.rollout_seconds))
+    signal = "starving" if starving else "backlog" if backlog else None
+    if state.cooldown > 0:  # a change's effect is still settling: its measurements count for nothing
+        return allocation, PolicyState((), state.cooldown - 1), []
+    streaks = {signal: dict(state.streaks).get(signal, 0) + 1} if signal else {}
+    if signal is None or streaks[signal] < config.patience or len(rates) < 1:
+        return allocation, PolicyState(tuple(streaks.items()), 0), []
+    seconds = [s if s == s else float("inf") for s in m.rollout_seconds]  # none finished: slower than any
+    slowest = max(range(len(seconds)), key=lambda i: seconds[i])
+    fastest = min(range(len(seconds)), key=lambda i: seconds[i])
+    others = [s for i, s in enumerate(seconds) if i != slowest] or seconds
+    straggler = seconds[slowest] >= config.slow_ratio * statistics.median(others)
+    measured = {**dataclasses.asdict(m), "rollout_seconds": [s if s == s else None for s in m.rollout_seconds]}
+    decisions: list[dict] = []
+    quotas, actor_cores, learner_cores = list(allocation.sm_quotas), list(allocation.actor_cores), allocation.learner_cores
+    levels = config.sm_levels
+
+    def record(process: str, kind: str, before, after, reason: str) -> None:
+        decisions.append({"process": process, "kind": kind, "before": before, "after": after, "reason": reason,
+                          "signal": signal, "measurements": measured})
+
+    if starving:
+        why = (f"learner waited {m.learner_wait_fraction:.0%} of the interval; actor{slowest}'s rollouts take "
+               f"{seconds[slowest]:.3g} s" + (" (a straggler)" if straggler else ""))
+        level = levels.index(quotas[slowest])
+        if level + 1 < len(levels):
+            raised = levels[level + 1]
+            donor = fastest if fastest != slowest else None
+            if sum(quotas) - quotas[slowest] + raised > config.sm_pool and donor is not None:
+                lower = levels.index(quotas[donor])
+                if lower > 0:
+                    record(f"actor{donor}", "sm_quota", quotas[donor], levels[lower - 1], f"gives SMs to actor{slowest}")
+                    quotas[donor] = levels[lower - 1]
+            if sum(quotas) - quotas[slowest] + raised <= config.sm_pool:
+                record(f"actor{slowest}", "sm_quota", quotas[slowest], raised, why)
+                quotas[slowest] = raised
+        if len(learner_cores) > 1 and learner_cores[-1] not in actor_cores[slowest]:
+            moved = learner_cores[-1]
+            record(f"actor{slowest}", "cores", list(actor_cores[slowest]), sorted({*actor_cores[slowest], moved}),
+                   f"{why}; core {moved} from the learner")
+            actor_cores[slowest] = tuple(sorted({*actor_cores[slowest], moved}))
+            learner_cores = learner_cores[:-1]
+    else:
+        why = (f"{m.queue_depth:.2g} trajectories waited on average for the learner; actor{fastest} is the "
+               f"fastest ({seconds[fastest]:.3g} s per rollout)")
+        level = levels.index(quotas[fastest])
+        if level > 0:
+            record(f"actor{fastest}", "sm_quota", quotas[fastest], levels[level - 1], f"{why}: SMs to the learner")
+            quotas[fastest] = levels[level - 1]
+        if len(actor_cores[fastest]) > 1:
+            moved = actor_cores[fastest][-1]
+            if moved not in learner_cores:
+                record("learner", "cores", list(learner_cores), sorted({*learner_cores, moved}),
+                       f"{why}: core {moved} from actor{fastest}")
+                learner_cores = tuple(sorted({*learner_cores, moved}))
+                actor_cores[fastest] = actor_cores[fastest][:-1]
+    new = Allocation(tuple(quotas), tuple(actor_cores), learner_cores)
+    return new, PolicyState((), config.cooldown if decisions else 0), decisions
+
+
+class ResourceManager:
+    """Applies `decide` to a running `AsyncTrainer` (see the module doc)."""
+
+    def __init__(self, config: ResourceConfig, num_actors: int, quota_env, log_path: Optional[str] = None,
+                 cores: Optional[list[int]] = None):
+        """`quota_env(name, quota)`: the environment for a worker at an SM quota, and whether MPS
+        applies it (`mps.prepare_clients` gives it); `log_path`: the decisions' JSONL file."""
+        self.config, self.num_actors, self._quota_env = config, num_actors, quota_env
+        self._own_cores = sorted(os.sched_getaffinity(0))
+        self.allocation = initial_allocation(config, num_actors, cores or self._own_cores)
+        self.state = PolicyState()
+        self.decisions: list[dict] = []
+        self._log = open(log_path, "a") if log_path else None
+        self._pending: dict[int, int] = {}
+        self._reset_window(time.perf_counter())
+        self._trainer = None
+
+    def actor_env(self, index: int) -> dict:
+        return self._quota_env(f"actor{index}", self.allocation.sm_quotas[index])[0]
+
+    def _reset_window(self, now: float) -> None:
+        self._window_start, self._waited = now, 0.0
+        self._rollouts: dict[int, list[float]] = {i: [] for i in range(self.num_actors)}
+        self._depths: list[int] = []
+        self._lags: list[int] = []
+
+    def start(self, trainer) -> None:
+        self._trainer = trainer
+        self._pin("learner", 0, self.allocation.learner_cores)
+        for i, actor in enumerate(trainer.actors):
+            self._pin(f"actor{i}", actor.process.pid, self.allocation.actor_cores[i])
+        self._write({"process": "all", "kind": "initial", "after": dataclasses.asdict(self.allocation),
+                     "reason": "start"})
+        self._reset_window(time.perf_counter())
+
+    def _pin(self, name: str, pid: int, cores) -> None:
+        os.sched_setaffinity(pid, set(cores))
+
+    def on_trajectory(self, index: int, seconds: float) -> None:
+        self._rollouts[index].append(seconds)
+
+    def on_update(self, now: float, lags: list[int], queue_depth: int, waited: float) -> None:
+        self._waited += waited
+        self._depths.append(queue_depth)
+        self._lags.extend(lags)
+        if now - self._window_start >= self.config.interval:
+            self._decide(now)
+
+    def measurements(self, now: float) -> Measurements:
+        span = max(now - self._window_start, 1e-9)
+        seconds = tuple(sum(r) / len(r) if r else float("nan") for r in self._rollouts.values())
+        return Measurements(seconds, min(self._waited / span, 1.0),
+                            sum(self._depths) / max(len(self._depths), 1), len(self._depths) / span,
+                            sum(self._lags) / max(len(self._lags), 1), max(self._lags, default=0))
+
+    def _decide(self, now: float) -> None:
+        before = self.allocation
+        self.allocation, self.state, decisions = decide(self.measurements(now), before, self.state, self.config)
+        for decision in decisions:
+            index = None if decision["process"] == "learner" else int(decision["process"][5:])
+            if decision["kind"] == "cores":
+                pid = 0 if index is None else self._trainer.actors[index].process.pid
+                self._pin(decision["process"], pid, decision["after"])
+                decision["applied"] = True
+            else:  # a quota takes a restart, done by the trainer between that actor's rollouts
+                self._pending[index] = decision["after"]
+                decision["applied"] = "pending restart"
+            self._write(decision)
+        self._reset_window(now)
+
+    def restart_env(self, index: int) -> Optional[dict]:
+        """The environment to restart actor `index` with now, if its quota changed."""
+        if index not in self._pending:
+            return None
+        env, applied = self._quota_env(f"actor{index}", self._pending[index])
+        self._applies = applied
+        return env
+
+    def restarted(self, index: int, seconds: float) -> None:
+        quota = self._pending.pop(index)
+        pid = self._trainer.actors[index].process.pid
+        self._pin(f"actor{index}", pid, self.allocation.actor_cores[index])
+        note = (f"restarted with an SM quota of {quota}%" if self._applies is True else
+                f"restarted, but the quota of {quota}% is not in effect: {self._applies}")
+        self._write({"process": f"actor{index}", "kind": "restart", "after": quota, "pid": pid,
+                     "restart_seconds": seconds, "quota_in_effect": self._applies is True, "reason": note})
+
+    def _write(self, record: dict) -> None:
+        record = json.loads(json.dumps({"time": time.time(), **record}))  # as the log reads back
+        self.decisions.append(record)
+        if self._log is not None:
+            self._log.write(json.dumps(record) + "\n")
+            self._log.flush()
+
+    def close(self) -> None:
+        """Gives this process its cores back and closes the log."""
+        os.sched_setaffinity(0, set(self._own_cores))
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def quota_env(use_mps: bool, compile_cache: Optional[str]):
+    """`ResourceManager`'s `quota_env` over this run's MPS daemon: (environment, True) where MPS
+    applies the quota, else (environment, the reason it cannot)."""
+    from jaxrose import mps
+
+    def env(name: str, quota: int):
+        envs = mps.prepare_clients({name: quota}, use_mps, compile_cache)
+        if mps._controller_daemon is not None:
+            return envs[name], True
+        return envs[name], ("MPS is switched off (run.use_mps)" if not use_mps else
+                            mps.unavailable_reason() or "this process could not attach to an MPS daemon")
+
+    return env

@@ -1,0 +1,61 @@
+"""Asynchronous-mode checkpoints: a snapshot written and restored continues the run exactly at lag 0."""
+
+import multiprocessing
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrose import async_checkpoint
+from jaxrose.async_mode import AsyncTrainer
+from jaxrose.checkpoint import Checkpointer, CheckpointError
+from jaxrose.config import replace
+
+
+def _assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_lag_zero_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(tiny_config, tmp_path):
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.max_policy_lag": 0})
+    trainer = AsyncTrainer(config, num_actors=2, max_lag=0)
+    try:
+        initial = trainer.template()
+        full = trainer.run(updates=4, start=initial)
+        snapshots = []
+        first = trainer.run(updates=2, start=initial, snapshot_due=lambda u, s: u == 1, on_snapshot=snapshots.append)
+        assert [s.updates for s in snapshots] == [1, 2] and first.updates == 2
+        checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
+        saver = async_checkpoint.BackgroundSaver(checkpointer, config)
+        for snapshot in snapshots:
+            saver(snapshot)
+        saver.wait()
+        restored = async_checkpoint.restore(checkpointer, initial, config)
+        assert (restored.updates, restored.env_steps) == (2, 2 * config.env_steps_per_iteration)
+        resumed = trainer.run(updates=4, start=restored)
+    finally:
+        trainer.close()
+    assert resumed.updates == 2 and resumed.lags == [0] * 4
+    _assert_same(full.learner, resumed.learner)
+    with pytest.raises(CheckpointError, match="resume with the same run.mode and run.actors"):
+        async_checkpoint.restore(checkpointer, initial, replace(config, **{"run.mode": "sync"}))
+    assert not multiprocessing.active_children()
+
+
+def test_train_async_resumes_with_run_resume(tiny_config, tmp_path):
+    from jaxrose import train
+
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.max_policy_lag": 0,
+                                     "run.out_dir": str(tmp_path / "a"), "run.num_evals": 2,
+                                     "run.checkpoint_every": 2})
+    full = train(config)
+    folder = tmp_path / "a" / "checkpoints"
+    assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == [2, 4]
+    shutil.rmtree(folder / "4")  # as if the run had stopped after the checkpoint in the middle
+    resumed = train(replace(config, **{"run.resume": str(tmp_path / "a"), "run.out_dir": str(tmp_path / "b")}))
+    assert resumed.async_result.updates == 2 and resumed.async_result.lags == [0] * 4
+    _assert_same(full.state.learner, resumed.state.learner)
+    assert sorted(int(p.name) for p in (tmp_path / "b" / "checkpoints").iterdir() if p.name.isdigit()) == [4]
+    assert not multiprocessing.active_children()
