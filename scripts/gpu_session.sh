@@ -6,7 +6,9 @@
 #   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)
 #   ovl     ant-mlp, 50M steps, evaluation overlapped in an MPS process (~3 min)
 #   tfm     pusher-transformer: sim ceiling, sequential, overlapped, 10M steps (~4 min)
-#   spread  PRESET STEPS: sim ceiling, sequential, rollout groups spread over 2 MPS processes (~6 min)
+#   spread  PRESET STEPS: sim ceiling, sequential, rollout groups spread over 2 MPS processes
+#           (pusher-transformer 5M: sim + sequential alone took ~6.5 min; give spread its own call:
+#            `python3 scripts/gpu_spread_check.py pusher-transformer 3 --spread-only`, > 3 min)
 #   async   ant-mlp, 50M steps: asynchronous mode (2 actors, lag <= 1) and the sim ceiling (~4 min)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
