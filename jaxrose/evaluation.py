@@ -19,16 +19,22 @@ def evaluation_key(seed: int, iteration: int) -> jax.Array:
     return jax.random.fold_in(jax.random.PRNGKey(seed + 1_000_003), iteration)
 
 
+SUCCESS_METRIC = "success"  # a task that reports it (e.g. arm_push) gets its success rate evaluated
+
+
 def make_evaluate(env: Env, net: ActorCritic, num_envs: int, episode_length: int, deterministic: bool):
-    """Returns a jitted evaluate(params, normalizer, key) -> metrics dict of scalars."""
+    """Returns a jitted evaluate(params, normalizer, key) -> metrics dict of scalars. For a task whose
+    `metrics` hold `success`, `success_rate` is the share of episodes that end in success (its value
+    at each episode's last step)."""
     eval_env = GroupWrapper(EpisodeWrapper(env, episode_length), 1, num_envs)
 
     def evaluate(params, normalizer, key):
         reset_key, act_key = jax.random.split(key)
         state = eval_env.reset(reset_key)
+        has_success = SUCCESS_METRIC in state.metrics
 
         def step(carry, _):
-            state, active, total, length, key = carry
+            state, active, total, length, success, key = carry
             key, sample_key = jax.random.split(key)
             if deterministic:
                 action = net.act_deterministic(params, normalizer, state.obs)
@@ -37,14 +43,19 @@ def make_evaluate(env: Env, net: ActorCritic, num_envs: int, episode_length: int
             state = eval_env.step(state, action)
             total = total + state.reward * active
             length = length + active
+            if has_success:
+                success = jnp.where(active > 0, state.metrics[SUCCESS_METRIC], success)
             active = active * (1.0 - state.done)
-            return (state, active, total, length, key), None
+            return (state, active, total, length, success, key), None
 
         ones = jnp.ones(eval_env.batch_shape)
         zeros = jnp.zeros(eval_env.batch_shape)
-        (_, _, total, length, _), _ = jax.lax.scan(step, (state, ones, zeros, zeros, act_key), None,
-                                                   length=episode_length)
-        return {"episode_return": jnp.mean(total), "episode_return_std": jnp.std(total),
-                "episode_length": jnp.mean(length)}
+        (_, _, total, length, success, _), _ = jax.lax.scan(
+            step, (state, ones, zeros, zeros, zeros, act_key), None, length=episode_length)
+        metrics = {"episode_return": jnp.mean(total), "episode_return_std": jnp.std(total),
+                   "episode_length": jnp.mean(length)}
+        if has_success:
+            metrics["success_rate"] = jnp.mean(success)
+        return metrics
 
     return jax.jit(evaluate)
