@@ -41,14 +41,19 @@ class BackgroundSaver:
         self.saved: list[int] = []
 
     def __call__(self, snapshot: Snapshot) -> None:
+        self.submit(snapshot.updates, to_tree(snapshot))
+
+    def submit(self, step: int, tree) -> None:
+        """Writes `tree` (host arrays: the caller may reuse its device buffers) as `step` in a
+        thread, after the previous save has finished; training goes on meanwhile."""
         self.wait()
-        self._thread = threading.Thread(target=self._save, args=(snapshot,), name="async-checkpoint", daemon=True)
+        self._thread = threading.Thread(target=self._save, args=(step, tree), name="checkpoint-writer", daemon=True)
         self._thread.start()
 
-    def _save(self, snapshot: Snapshot) -> None:
+    def _save(self, step: int, tree) -> None:
         try:
-            self.checkpointer.save(snapshot.updates, to_tree(snapshot), self.config)
-            self.saved.append(snapshot.updates)
+            self.checkpointer.save(step, tree, self.config)
+            self.saved.append(step)
         except BaseException as error:  # raised in the training thread by `wait`
             self._error = error
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxrose import distributed
 from jaxrose.callbacks import Callback, JsonlWriter, ProgressBar, TensorBoardWriter
+from jaxrose.async_checkpoint import BackgroundSaver
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.eval_worker import ProcessEvaluator
@@ -127,6 +128,7 @@ class _TrainingLoop:
         if not self.main:
             self.sinks = []  # logs, metrics and plots come from process 0 alone
         self.checkpointer = None
+        self.saver = None
         self.evaluations: list[dict] = []
         if write_outputs:
             self._open_outputs()
@@ -135,6 +137,8 @@ class _TrainingLoop:
         os.makedirs(self.out_dir, exist_ok=True)
         # Every process saves its shards of each checkpoint; the rest is process 0's.
         self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"), keep=self.run_config.keep_checkpoints)
+        if jax.process_count() == 1:
+            self.saver = BackgroundSaver(self.checkpointer, self.config)
         if not self.main:
             return
         with open(os.path.join(self.out_dir, "config.json"), "w") as f:
@@ -183,11 +187,19 @@ class _TrainingLoop:
                 if "metrics" in outputs:
                     self.emit(iteration + 1, _scalars(outputs["metrics"]))
 
-    def save(self, iteration: int, state: RunState) -> None:
-        if self.checkpointer is not None:
-            if hasattr(self.executor, "materialize"):  # env state held by group processes comes back first
-                state = self.executor.materialize(state)
+    def save(self, iteration: int, state: RunState, wait: bool = False) -> None:
+        if self.checkpointer is None:
+            return
+        if hasattr(self.executor, "materialize"):  # env state held by group processes comes back first
+            state = self.executor.materialize(state)
+        if self.saver is None:  # several processes write their shards of one checkpoint together
             self.checkpointer.save(iteration, state, self.config)
+            return
+        # The next step donates the state's device buffers: copy to the host now, write the files
+        # in the background while training goes on.
+        self.saver.submit(iteration, jax.device_get(state))
+        if wait:
+            self.saver.wait()
 
     def run(self) -> TrainResult:
         config, run = self.config, self.run_config
@@ -230,7 +242,7 @@ class _TrainingLoop:
                     self.save(iteration, state)
             self.collect_remote(wait=True)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through TerminatedError: keep the progress
-            self.save(int(state.iteration), state)
+            self.save(int(state.iteration), state, wait=True)
             raise
         finally:
             _restore_sigterm_handler(previous_handler)
@@ -246,6 +258,8 @@ class _TrainingLoop:
                            guard.skipped)
 
     def _latest_checkpoint(self) -> Optional[int]:
+        if self.saver is not None:
+            self.saver.wait()
         return self.checkpointer.latest_step() if self.checkpointer else None
 
     def _close_outputs(self) -> None:
@@ -253,7 +267,11 @@ class _TrainingLoop:
             if hasattr(sink, "close"):
                 sink.close()
         if self.checkpointer is not None:
-            self.checkpointer.close()
+            try:
+                if self.saver is not None:
+                    self.saver.wait()  # the last checkpoint is on disk before the run returns
+            finally:
+                self.checkpointer.close()
 
 
 def _scalars(metrics: Mapping) -> dict[str, float]:

@@ -48,3 +48,32 @@ def test_unwritable_folder_is_named(tmp_path, tiny_config):
     blocker.write_text("not a folder")
     with pytest.raises(CheckpointError, match="run.out_dir"):
         Checkpointer(str(blocker / "checkpoints"))
+
+
+def test_training_writes_checkpoints_in_the_background(tmp_path, tiny_config, monkeypatch):
+    """Each save runs in the writer thread while the training thread goes on (a slowed save,
+    injected, is the fault that shows it); every step is on disk when `train` returns."""
+    import threading
+    import time
+
+    from jaxrose.config import replace
+    from jaxrose.train import train
+
+    calls, original = [], Checkpointer.save
+
+    def slow_save(self, step, state, config):  # fault injection: a slow disk
+        calls.append((step, threading.current_thread().name, time.perf_counter()))
+        time.sleep(0.3)
+        original(self, step, state, config)
+
+    monkeypatch.setattr(Checkpointer, "save", slow_save)
+    config = replace(tiny_config, **{"run.out_dir": str(tmp_path), "run.checkpoint_every": 1,
+                                     "run.keep_checkpoints": 10})
+    result = train(config)
+    steps = [step for step, _, _ in calls]
+    assert steps == list(range(1, config.num_iterations + 1))
+    assert {name for _, name, _ in calls} == {"checkpoint-writer"}
+    # Training did not wait for each write: its iterations started while saves were sleeping.
+    overlapped = [t for t in result.iteration_start_times if any(c < t < c + 0.3 for _, _, c in calls)]
+    assert overlapped, "no iteration ran during a checkpoint write"
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == steps
