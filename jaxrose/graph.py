@@ -30,6 +30,7 @@ class StageNode:
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     index: int  # program order
+    group_local: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,8 @@ def build_graph(program: Program, inputs: Iterable[str]) -> DataflowGraph:
     inputs = frozenset(inputs)
     program.validate(set(inputs))
     stages = program.stages()
-    nodes = tuple(StageNode(s.name, s.component, loops, s.reads, s.writes, i) for i, (s, loops) in enumerate(stages))
+    nodes = tuple(StageNode(s.name, s.component, loops, s.reads, s.writes, i, s.group_local)
+                  for i, (s, loops) in enumerate(stages))
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
         raise ValueError(f"Stage names must be unique in a program; repeated: "

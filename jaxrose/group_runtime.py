@@ -14,28 +14,31 @@ so the run computes what the sequential executor computes.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrose.config import TrainConfig
+from jaxrose.config import TrainConfig, replace
 from jaxrose.mps import prepare_clients
 from jaxrose.networks import make_actor_critic
 from jaxrose.plan import GROUP_RESIDENT_STATE, Plan, PlanError
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.ppo_program import ITERATION_INPUTS, rollout_nodes, run_state_to_program_state
 from jaxrose.program import Program, run_program, writes_of
-from jaxrose.sequential import RunState, health, make_env, next_run_state
+from jaxrose.sequential import RunState, SequentialExecutor, health, make_env, next_run_state
 from jaxrose.transport import attach, make_buffers, transport_kind
 from jaxrose.workers import Worker
 
 BROADCAST = ("params", "normalizer")  # what the controller sends every iteration
 
 
-def group_chunk_program(config: TrainConfig, plan: Plan, index: int) -> Program:
-    """The spread chunk as group process `index` runs it: PPO's rollout over its share of the groups."""
+def group_chunk_program(config: TrainConfig, plan: Plan, index: int, program_factory: Optional[Callable] = None
+                        ) -> Program:
+    """The spread chunk as group process `index` runs it: PPO's rollout over its share of the groups,
+    then any stages declared `group_local` that the plan moved next to it (from `program_factory`'s
+    program: `program_factory(SequentialExecutor(config)) -> Program`, a picklable function)."""
     from envs.wrappers import wrap_for_training
 
     chunk = plan.spread_chunk
@@ -47,9 +50,14 @@ def group_chunk_program(config: TrainConfig, plan: Plan, index: int) -> Program:
                             config.ppo.normalize_observations)
     nodes = {n.name: n for n in rollout_nodes(train_env, net, config, (index * local_groups, local_groups,
                                                                        plan.num_groups))}
+    if program_factory is not None and set(chunk.nodes) - set(nodes):
+        # Group-local stages are written for any group count, so the full program's own nodes serve.
+        user = program_factory(SequentialExecutor(config))
+        nodes.update({n.name: n for n in user.body if n.name not in nodes})
     if set(chunk.nodes) - set(nodes):
         raise PlanError(f"Chunk {chunk.name!r} spreads groups but holds {sorted(set(chunk.nodes) - set(nodes))}: "
-                        f"the group runtime runs PPO's rollout nodes ({', '.join(nodes)}) in group processes.")
+                        f"beyond PPO's rollout nodes ({', '.join(nodes)}) the group processes need the program "
+                        f"that defines them (pass program_factory).")
     return Program(f"{plan.program}/{chunk.name}@{index}", tuple(nodes[n] for n in chunk.nodes))
 
 
@@ -57,10 +65,11 @@ def _slice_groups(tree: Any, index: int, count: int) -> Any:
     return jax.tree.map(lambda x: np.asarray(x)[index * count:(index + 1) * count], tree)
 
 
-def _serve_groups(conn, config: TrainConfig, plan: Plan, index: int, outputs: tuple[str, ...]) -> None:
+def _serve_groups(conn, config: TrainConfig, plan: Plan, index: int, outputs: tuple[str, ...],
+                  program_factory: Optional[Callable]) -> None:
     """Group process: holds its groups' env state; per iteration reads the broadcast, runs the
     rollout, writes its unrolls into the controller's buffers."""
-    program = group_chunk_program(config, plan, index)
+    program = group_chunk_program(config, plan, index, program_factory)
     run = jax.jit(lambda values: run_program(program, values))
     device = jax.devices()[0]
     conn.send(("ready", {"platform": device.platform, "core_count": getattr(device, "core_count", None)}))
@@ -100,8 +109,11 @@ class GroupSpreadExecutor(PlanExecutor):
     """Runs a plan with a `spread_groups` chunk: group processes for the rollout, the rest here."""
 
     def __init__(self, config: TrainConfig, plan: Plan, worker_env: Optional[dict[str, dict[str, str]]] = None,
-                 timeout: float = 600.0, transport: str = "auto"):
-        super().__init__(config, plan)
+                 timeout: float = 600.0, transport: str = "auto", program_factory: Optional[Callable] = None):
+        if plan.num_groups is not None:
+            config = replace(config, **{"env.num_groups": plan.num_groups})
+        self.program_factory = program_factory
+        super().__init__(config, plan, program=program_factory(SequentialExecutor(config)) if program_factory else None)
         chunk = plan.spread_chunk
         if chunk is None:
             raise PlanError("This plan spreads no chunk over group processes; run it with PlanExecutor.")
@@ -130,7 +142,7 @@ class GroupSpreadExecutor(PlanExecutor):
         self.last_seconds: list[float] = []
         try:
             for index, process in enumerate(self.processes):
-                worker = Worker(process, _serve_groups, (self.config, plan, index, self.outputs),
+                worker = Worker(process, _serve_groups, (self.config, plan, index, self.outputs, program_factory),
                                 worker_env.get(process, {}))
                 self.workers.append(worker)
                 worker.launch()
@@ -158,7 +170,8 @@ class GroupSpreadExecutor(PlanExecutor):
         full = jax.eval_shape(lambda v: run_program(Program("", self._nodes(self.spread)), v), values)
         local_values = {**values, GROUP_RESIDENT_STATE: jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((self.local_groups,) + x.shape[1:], x.dtype), values[GROUP_RESIDENT_STATE])}
-        local = jax.eval_shape(lambda v: run_program(group_chunk_program(self.config, self.plan, 0), v), local_values)
+        group_program = group_chunk_program(self.config, self.plan, 0, self.program_factory)
+        local = jax.eval_shape(lambda v: run_program(group_program, v), local_values)
         local_out = {name: local[name] for name in self.outputs}
         self._group_axes = jax.tree.map(_group_axis, local_out, {name: full[name] for name in self.outputs})
         self._broadcast = make_buffers({name: jax.eval_shape(lambda x: x, values[name]) for name in BROADCAST},

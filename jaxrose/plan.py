@@ -193,7 +193,8 @@ def spread_groups(plan: Plan, program: Program, graph: DataflowGraph, chunk_name
     come back once; each group's env state stays in its process.
 
     Legal when the chunk opens the iteration, every stage in it is group-local (components
-    policy, env, rng: no reduction across groups), the groups divide evenly, and no stage outside the
+    policy, env, rng, or a stage declared `group_local`: no reduction across groups; group-local
+    batch preparation thus moves next to its groups' rollout), the groups divide evenly, and no stage outside the
     chunk reads the env state (it never leaves the group processes during training).
     """
     if sm_percentage is not None and not 1 <= sm_percentage <= 100:
@@ -215,10 +216,11 @@ def spread_rollout(plan: Plan, program: Program, graph: DataflowGraph, processes
                    num_envs: int, groups_per_process: int = 1) -> Plan:
     """The usual group spread in one call: lay the envs out as groups (one or more per process), cut
     the first chunk after its group-local prefix (the rollout), and spread that over `processes`."""
-    by_node = {node.name: {graph.node(s).component for s in stages_of(program, [node.name])} for node in program.body}
+    local = {node.name: all(_is_group_local(graph.node(s)) for s in stages_of(program, [node.name]))
+             for node in program.body}
     first = plan.chunks[0]
     prefix = 0
-    while prefix < len(first.nodes) and by_node[first.nodes[prefix]] <= GROUP_LOCAL_COMPONENTS:
+    while prefix < len(first.nodes) and local[first.nodes[prefix]]:
         prefix += 1
     if prefix == 0:
         raise PlanError(f"Chunk {first.name!r} opens with {first.nodes[0]!r}, which is not group-local: nothing to spread.")
@@ -226,6 +228,10 @@ def spread_rollout(plan: Plan, program: Program, graph: DataflowGraph, processes
         plan = split_chunk(plan, first.name, first.nodes[prefix])
     plan = split_groups(plan, len(processes) * groups_per_process, num_envs)
     return spread_groups(plan, program, graph, plan.chunks[0].name, processes)
+
+
+def _is_group_local(node) -> bool:
+    return node.component in GROUP_LOCAL_COMPONENTS or node.group_local
 
 
 def _check_spreadable(plan: Plan, program: Program, graph: DataflowGraph, chunk: Chunk) -> None:
@@ -240,10 +246,10 @@ def _check_spreadable(plan: Plan, program: Program, graph: DataflowGraph, chunk:
         raise PlanError(f"Only the one chunk that opens the iteration can spread its groups; {chunk.name!r} does not.")
     inside = set(stages_of(program, chunk.nodes))
     for node in graph.nodes:
-        if node.name in inside and node.component not in GROUP_LOCAL_COMPONENTS:
+        if node.name in inside and not _is_group_local(node):
             raise PlanError(f"Stage {node.name!r} ({node.component}) in chunk {chunk.name!r} is not group-local "
-                            f"(only {', '.join(sorted(GROUP_LOCAL_COMPONENTS))} stages are); split the chunk "
-                            f"before it.")
+                            f"(only {', '.join(sorted(GROUP_LOCAL_COMPONENTS))} stages and stages declared "
+                            f"`group_local=True` are); split the chunk before it.")
         if node.name not in inside and GROUP_RESIDENT_STATE in node.reads:
             raise PlanError(f"Stage {node.name!r} outside chunk {chunk.name!r} reads {GROUP_RESIDENT_STATE!r}, which "
                             f"stays in the group processes once the groups are spread.")

@@ -34,6 +34,10 @@ class Stage:
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     component: str = "user"
+    group_local: bool = False
+    """The author's statement that the stage never combines env groups (each group's outputs come
+    from that group's inputs alone, shapes polymorphic in the group count): such a stage may run
+    next to its groups' rollout in a group process (`jaxrose.plan.spread_groups`)."""
 
     def __call__(self, state: Mapping[str, Any]) -> dict[str, Any]:
         outputs = self.fn(**{name: state[name] for name in self.reads})

@@ -140,3 +140,39 @@ def spread_rollout_helper(program, graph, config):
     from jaxrose.plan import spread_rollout
 
     return spread_rollout(sequential_plan(program), program, graph, ("g0", "g1"), config.env.num_envs, 2)
+
+
+def test_group_local_batch_preparation_moves_next_to_the_rollout(tiny_config):
+    """A stage declared group-local (reward clipping) joins the spread chunk and runs in the group
+    processes; the run equals the sequential run of the same program, bit for bit on CPU."""
+    from custom_programs import ppo_with_clipped_rewards, ppo_with_clipped_rewards_undeclared
+    from jaxrose.plan import spread_rollout
+
+    reference = SequentialExecutor(tiny_config)
+    reference = SequentialExecutor(tiny_config, program=ppo_with_clipped_rewards(reference))
+    program = reference.program
+    graph = build_graph(program, ITERATION_INPUTS)
+    plan = spread_rollout(sequential_plan(program), program, graph, ("g0", "g1"), tiny_config.env.num_envs)
+    assert plan.chunks[0].nodes == ("split_iteration_key", "unroll", "clip_rewards")
+    undeclared = ppo_with_clipped_rewards_undeclared(SequentialExecutor(tiny_config))
+    cut = spread_rollout(sequential_plan(undeclared), undeclared, build_graph(undeclared, ITERATION_INPUTS),
+                         ("g0", "g1"), tiny_config.env.num_envs)
+    assert cut.chunks[0].nodes == ("split_iteration_key", "unroll")  # not declared: stays with the learner
+
+    state = reference.init(jax.random.PRNGKey(5))
+    runtime = GroupSpreadExecutor(tiny_config, plan, timeout=120, program_factory=ppo_with_clipped_rewards)
+    try:
+        other = runtime.init(jax.random.PRNGKey(5))
+        for _ in range(2):
+            state, _ = reference.step(state)
+            other, _ = runtime.step(other)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(other.learner), jax.device_get(state.learner))
+    finally:
+        runtime.close()
+    # The clipping really ran (in the group processes): without it the parameters differ.
+    plain = SequentialExecutor(tiny_config)
+    unclipped = plain.init(jax.random.PRNGKey(5))
+    for _ in range(2):
+        unclipped, _ = plain.step(unclipped)
+    assert not np.array_equal(jax.device_get(unclipped.learner.params.policy["params"]["hidden_0"]["kernel"]),
+                              jax.device_get(state.learner.params.policy["params"]["hidden_0"]["kernel"]))

@@ -1,0 +1,27 @@
+"""Programs for tests that spawned workers rebuild: top-level functions, so they pickle by name."""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxrose.program import Stage
+
+REWARD_CLIP = 0.5
+
+
+def clip_rewards(unrolls):
+    return {"unrolls": {**unrolls, "reward": jnp.clip(unrolls["reward"], -REWARD_CLIP, REWARD_CLIP)}}
+
+
+def ppo_with_clipped_rewards(executor, group_local: bool = True):
+    """PPO with one more batch-preparation stage after the rollout: per-transition reward clipping,
+    which never combines env groups (declared `group_local`)."""
+    program = executor.program
+    body = list(program.body)
+    at = [node.name for node in body].index("unroll") + 1
+    body.insert(at, Stage("clip_rewards", clip_rewards, ("unrolls",), ("unrolls",), "learner", group_local=group_local))
+    return dataclasses.replace(program, body=tuple(body))
+
+
+def ppo_with_clipped_rewards_undeclared(executor):
+    return ppo_with_clipped_rewards(executor, group_local=False)
