@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Iterable, Mapping, Optional
 
@@ -217,7 +218,8 @@ class _TrainingLoop:
         start_times: list[float] = []
         wall_start = time.perf_counter()
         guard = NonFiniteGuard(self.executor, run, self._latest_checkpoint, self.out_dir)
-        previous_handler = _install_sigterm_handler()
+        termination = _Termination()
+        saved_at = None
         try:
             for iteration in range(start_iteration + 1, config.num_iterations + 1):
                 # Timed from dispatch to metrics on the host. On a GPU the XLA while loops inside an
@@ -240,12 +242,23 @@ class _TrainingLoop:
                 if at_eval or iteration == config.num_iterations or (
                         run.checkpoint_every and iteration % run.checkpoint_every == 0):
                     self.save(iteration, state)
+                    saved_at = iteration
+                if termination.requested:
+                    if saved_at != iteration:
+                        self.save(iteration, state)
+                    raise TerminatedError("SIGTERM received; checkpoint saved, resume with --run.resume.")
             self.collect_remote(wait=True)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through TerminatedError: keep the progress
-            self.save(int(state.iteration), state, wait=True)
+        except TerminatedError:
+            raise
+        except KeyboardInterrupt:  # Ctrl-C: keep the progress, if the interrupt left a whole state
+            if _intact(state):
+                self.save(int(state.iteration), state, wait=True)
+            else:
+                print("Interrupted inside an iteration (its input buffers were already consumed): the last "
+                      "checkpoint is the one to resume from.", file=sys.stderr)
             raise
         finally:
-            _restore_sigterm_handler(previous_handler)
+            termination.restore()
             self._close_outputs()
         wall_seconds = time.perf_counter() - wall_start
         self.evaluations.sort(key=lambda e: e["iteration"])
@@ -278,22 +291,31 @@ def _scalars(metrics: Mapping) -> dict[str, float]:
     return {k: float(np.asarray(v)) for k, v in metrics.items()}
 
 
-def _install_sigterm_handler():
-    """SIGTERM (a scheduler stopping the job) becomes TerminatedError, so the loop checkpoints first."""
-    import signal
-    import threading
+class _Termination:
+    """SIGTERM (a scheduler stopping the job) sets a flag; the loop checkpoints at the end of the
+    iteration in flight and raises TerminatedError. Raising from the handler itself could land
+    inside a step after the state's buffers were donated, leaving no whole state to save."""
 
-    if threading.current_thread() is not threading.main_thread():
-        return None
+    def __init__(self):
+        import signal
+        import threading
 
-    def terminate(signum, frame):
-        raise TerminatedError("SIGTERM received; checkpoint saved, resume with --run.resume.")
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
 
-    return signal.signal(signal.SIGTERM, terminate)
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
-def _restore_sigterm_handler(previous) -> None:
-    import signal
-
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+def _intact(state) -> bool:
+    """False when some buffer of `state` was donated to a step that was then interrupted."""
+    return not any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
