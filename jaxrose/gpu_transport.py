@@ -68,12 +68,14 @@ class DeviceBuffers:
         return jax.tree.unflatten(self._treedef, jax.block_until_ready(leaves))
 
     def close(self) -> None:
-        cp = _cupy()
-        cp.cuda.runtime.deviceSynchronize()
+        _cupy().cuda.runtime.deviceSynchronize()  # no copy may still touch the memory
         self._arrays = []
         for pointer in self._pointers:
-            cp.cuda.runtime.free(pointer)
+            self._release(pointer)
         self._pointers = []
+
+    def _release(self, pointer: int) -> None:
+        _cupy().cuda.runtime.free(pointer)
 
 
 class DeviceBuffersView(DeviceBuffers):
@@ -86,13 +88,8 @@ class DeviceBuffersView(DeviceBuffers):
         self._pointers = [cp.cuda.runtime.ipcOpenMemHandle(h, flags) for h in description["handles"]]
         self._arrays = [_wrap(p, shape, dtype) for p, (shape, dtype) in zip(self._pointers, self._specs)]
 
-    def close(self) -> None:
-        cp = _cupy()
-        cp.cuda.runtime.deviceSynchronize()
-        self._arrays = []
-        for pointer in self._pointers:
-            cp.cuda.runtime.ipcCloseMemHandle(pointer)
-        self._pointers = []
+    def _release(self, pointer: int) -> None:
+        _cupy().cuda.runtime.ipcCloseMemHandle(pointer)
 
 
 def _nbytes(shape, dtype) -> int:

@@ -138,6 +138,7 @@ class GroupSpreadExecutor(PlanExecutor):
         self._broadcast = None
         self._results: list = []
         self._group_axes: Optional[dict] = None
+        self._output_shapes: dict = {}
         self._resident_iteration: Optional[int] = None
         self.last_seconds: list[float] = []
         try:
@@ -173,7 +174,8 @@ class GroupSpreadExecutor(PlanExecutor):
         group_program = group_chunk_program(self.config, self.plan, 0, self.program_factory)
         local = jax.eval_shape(lambda v: run_program(group_program, v), local_values)
         local_out = {name: local[name] for name in self.outputs}
-        self._group_axes = jax.tree.map(_group_axis, local_out, {name: full[name] for name in self.outputs})
+        self._output_shapes = {name: full[name] for name in self.outputs}
+        self._group_axes = jax.tree.map(_group_axis, local_out, self._output_shapes)
         self._broadcast = make_buffers({name: jax.eval_shape(lambda x: x, values[name]) for name in BROADCAST},
                                        self.transport)
         for worker in self.workers:
@@ -201,9 +203,7 @@ class GroupSpreadExecutor(PlanExecutor):
         self._broadcast.write({name: getattr(state.learner, name) for name in BROADCAST})
         for worker in self.workers:
             worker.send(("compile",))
-        values = jax.eval_shape(run_state_to_program_state, state)
-        spread_out = jax.eval_shape(lambda v: run_program(Program("", self._nodes(self.spread)), v), values)
-        values = {**values, **{name: spread_out[name] for name in self.outputs}}
+        values = {**jax.eval_shape(run_state_to_program_state, state), **self._output_shapes}
         compiled = []
         for fn in self._local_fns():
             compiled.append(fn.lower(values).compile())

@@ -202,7 +202,7 @@ def _leaves_like(tree: Any, treedef) -> list:
     return leaves
 
 
-def _echo(conn, request: dict, reply_shapes: Any) -> None:
+def _echo(conn, request: dict) -> None:
     requests, replies = attach(request), None
     device = jax.devices()[0]
     conn.send(("ready", {"platform": device.platform}))
@@ -228,7 +228,7 @@ def measure_hand_off(tree: Any, kind: str = "host", repeats: int = 20, env: dict
 
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
     requests, replies = make_buffers(shapes, kind), make_buffers(shapes, kind)
-    worker = Worker("hand-off", _echo, (requests.describe(), shapes), env or {})
+    worker = Worker("hand-off", _echo, (requests.describe(),), env or {})
     try:
         worker.start(120)
         seconds = []

@@ -110,10 +110,8 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
             trials.append(Trial(candidate.description, candidate.predicted_gain, None, True,
                                 "kept on the model's prediction alone (validation off)"))
             break
-        seconds = statistics.median(measure_plan(config, candidate.plan, iterations))
-        kept = seconds < current_seconds - noise
-        trials.append(Trial(candidate.description, candidate.predicted_gain, seconds, kept,
-                            f"{seconds * 1e3:.2f} ms vs {current_seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
+        kept, seconds = _judge(config, candidate.plan, candidate.description, candidate.predicted_gain,
+                               current_seconds, noise, iterations, trials)
         if kept:
             current, current_seconds = candidate.plan, seconds
             break  # one structural change per round; the ranking changes once the plan does
@@ -125,6 +123,17 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
                                                 iterations, trials)
     current, current_seconds = _tune_quotas(config, current, current_seconds, noise, switches, iterations, trials)
     return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start)
+
+
+def _judge(config: TrainConfig, plan: Plan, description: str, predicted_gain: float, current_seconds: float,
+           noise: float, iterations: int, trials: list[Trial]) -> tuple[bool, float]:
+    """Measures `plan` end to end and records the trial: kept only if faster than the current plan
+    by more than the noise. Returns (kept, its median seconds per iteration)."""
+    seconds = statistics.median(measure_plan(config, plan, iterations))
+    kept = seconds < current_seconds - noise
+    trials.append(Trial(description, predicted_gain, seconds, kept,
+                        f"{seconds * 1e3:.2f} ms vs {current_seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
+    return kept, seconds
 
 
 def _tune_groups(config: TrainConfig, program, graph, plan: Plan, seconds: float, noise: float, iterations: int,
@@ -139,10 +148,8 @@ def _tune_groups(config: TrainConfig, program, graph, plan: Plan, seconds: float
             continue
         candidate = spread_rollout(base, program, graph, tuple(f"group{i}" for i in range(workers)),
                                    config.env.num_envs)
-        measured = statistics.median(measure_plan(config, candidate, iterations))
-        kept = measured < seconds - noise
-        trials.append(Trial(f"spread the rollout over {workers} group processes", 0.0, measured, kept,
-                            f"{measured * 1e3:.2f} ms vs {seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
+        kept, measured = _judge(config, candidate, f"spread the rollout over {workers} group processes", 0.0,
+                                seconds, noise, iterations, trials)
         if kept:
             plan, seconds = candidate, measured
     return plan, seconds
@@ -173,10 +180,8 @@ def _tune_quotas(config, plan: Plan, seconds: float, noise: float, switches: Swi
     for helper in helpers:
         for quota in (50, 25, 10):
             candidate = with_quota(plan, helper, quota)
-            measured = statistics.median(measure_plan(config, candidate, iterations))
-            kept = measured < seconds - noise
-            trials.append(Trial(f"quota {quota}% for {helper}", 0.0, measured, kept,
-                                f"{measured * 1e3:.2f} ms vs {seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
+            kept, measured = _judge(config, candidate, f"quota {quota}% for {helper}", 0.0, seconds, noise,
+                                    iterations, trials)
             if kept:
                 plan, seconds = candidate, measured
     return plan, seconds

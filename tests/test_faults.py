@@ -6,33 +6,13 @@ import subprocess
 import sys
 import time
 
-import jax.numpy as jnp
 import pytest
 
-import envs
-from envs.wrappers import Wrapper
+from fault_envs import NaNRewardAfter
 from jaxrose import train
 from jaxrose.config import replace
 from jaxrose.sequential import SequentialExecutor
 from jaxrose.train import NonFiniteError
-
-
-class NaNRewardAfter(Wrapper):
-    """A fault injector (test only): the point mass, whose reward turns NaN after `after` steps."""
-
-    def __init__(self, after: int):
-        super().__init__(envs.make("point_mass"))
-        self.after = after
-
-    def reset(self, key):
-        state = self.env.reset(key)
-        return state.replace(info={**state.info, "t": jnp.zeros(())})
-
-    def step(self, state, action):
-        t = state.info["t"] + 1
-        state = self.env.step(state, action)
-        reward = jnp.where(t > self.after, jnp.nan, state.reward)
-        return state.replace(reward=reward, info={**state.info, "t": t})
 
 
 def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):

@@ -5,37 +5,15 @@ The tiny run has 4 iterations of 16 env steps each (2 unrolls of 8).
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.wrappers import Wrapper
+from fault_envs import NaNObservationsBetween
 from jaxrose import train
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import ConfigError, RunConfig, replace
 from jaxrose.nonfinite import NonFiniteError, NonFiniteWarning
 from jaxrose.sequential import SequentialExecutor
-
-
-class NaNObservationsBetween(Wrapper):
-    """A fault injector (test only): the point mass, whose observations are NaN while its step
-    counter (kept across auto-resets, restarted by a reset) is in [start, stop). The policy turns a
-    NaN observation into a NaN action, so the env's physics stay NaN until it is reset."""
-
-    def __init__(self, start: int, stop: int):
-        super().__init__(envs.make("point_mass"))
-        self.start, self.stop = start, stop
-
-    def reset(self, key):
-        state = self.env.reset(key)
-        return state.replace(info={**state.info, "t": jnp.zeros(())})
-
-    def step(self, state, action):
-        t = state.info["t"] + 1
-        state = self.env.step(state, action)
-        obs = jnp.where((t >= self.start) & (t < self.stop), jnp.nan, state.obs)
-        return state.replace(obs=obs, info={**state.info, "t": t})
 
 
 def run_with_nan_observations(config, mode):
