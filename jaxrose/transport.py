@@ -172,10 +172,10 @@ def transport_kind(requested: str = "auto") -> str:
     if requested == "auto":
         requested = os.environ.get("JAXROSE_TRANSPORT", "auto")
     if requested not in ("auto", "host", "device"):
-        raise ValueError(f"run.transport must be auto, host or device, got {requested!r}.")
+        raise ValueError(f"The transport (JAXROSE_TRANSPORT) must be auto, host or device, got {requested!r}.")
     if requested == "host" or jax.default_backend() != "gpu":
         if requested == "device":
-            raise ValueError("run.transport is 'device' but JAX runs on "
+            raise ValueError("The transport (JAXROSE_TRANSPORT) is 'device' but JAX runs on "
                              f"{jax.default_backend()}; use 'host' or 'auto'.")
         return "host"
     from jaxrose.gpu_transport import unavailable_reason
@@ -184,7 +184,8 @@ def transport_kind(requested: str = "auto") -> str:
     if reason is None:
         return "device"
     if requested == "device":
-        raise ValueError(f"run.transport is 'device' but {reason}; install CuPy for your CUDA or use 'host'.")
+        raise ValueError(f"The transport (JAXROSE_TRANSPORT) is 'device' but {reason}; install CuPy for your "
+                         f"CUDA or set JAXROSE_TRANSPORT=host.")
     import warnings
 
     warnings.warn(f"Worker hand-offs go through host memory: {reason}.", stacklevel=2)
