@@ -13,6 +13,7 @@ so the run computes what the sequential executor computes.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Optional
 
@@ -32,6 +33,7 @@ from jaxrose.transport import attach, make_buffers, transport_kind
 from jaxrose.workers import Worker
 
 BROADCAST = ("params", "normalizer")  # what the controller sends every iteration
+log = logging.getLogger(__name__)
 
 
 def group_chunk_program(config: TrainConfig, plan: Plan, index: int, program_factory: Optional[Callable] = None
@@ -149,6 +151,7 @@ class GroupSpreadExecutor(PlanExecutor):
                 worker.launch()
             for worker in self.workers:  # they import JAX and build their envs concurrently
                 worker.wait_ready(timeout)
+            log.info("%d group processes ready (%s transport)", len(self.workers), self.transport)
         except BaseException:
             self.close()
             raise
@@ -209,8 +212,9 @@ class GroupSpreadExecutor(PlanExecutor):
             compiled.append(fn.lower(values).compile())
             values = jax.eval_shape(fn, values)
         self._compiled_chunks = compiled
-        for worker in self.workers:
-            worker.receive(self.timeout)
+        log.info("controller chunks compiled after %.1f s", time.perf_counter() - start)
+        worker_seconds = [worker.receive(self.timeout)[1] for worker in self.workers]
+        log.info("group processes compiled in %s s", ", ".join(f"{s:.1f}" for s in worker_seconds))
         return time.perf_counter() - start
 
     # -- one iteration -------------------------------------------------------------------------------
@@ -224,6 +228,7 @@ class GroupSpreadExecutor(PlanExecutor):
         for worker in self.workers:
             worker.send(("run", iteration))
         self.last_seconds = [worker.receive(self.timeout)[2] for worker in self.workers]
+        log.debug("iteration %d: group rollouts took %s s", iteration, ", ".join(f"{s:.3f}" for s in self.last_seconds))
         parts = [results.read() for results in self._results]
         gathered = jax.tree.map(lambda axis, *xs: xs[0] if axis == REPLICATED else jnp.concatenate(xs, axis=axis),
                                 self._group_axes, *parts)

@@ -1,8 +1,10 @@
 """On a GPU: seconds per iteration of a preset's sequential plan against its rollout spread over
 two group processes (MPS), each measured end to end by `tune.measure_plan` with SM activity over the
-timed window. Usage: python3 scripts/gpu_spread_check.py PRESET [ITERATIONS]. Prints one JSON object."""
+timed window. Usage: python3 scripts/gpu_spread_check.py PRESET [ITERATIONS] [--processes=2,4] [--spread-only].
+Prints one JSON line per plan as it is measured, then one JSON object; phases go to stderr."""
 
 import json
+import logging
 import statistics
 import sys
 
@@ -10,6 +12,8 @@ from jaxrose.mps import prepare_clients
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("jaxrose").setLevel(logging.DEBUG)  # phases and per-iteration group rollout times
     prepare_clients({})  # this process joins a private MPS daemon before its GPU starts
     from jaxrose.graph import build_graph
     from jaxrose.plan import sequential_plan, spread_rollout
@@ -24,12 +28,17 @@ def main() -> None:
     config = get_preset(preset)
     program = SequentialExecutor(config).program
     graph = build_graph(program, ITERATION_INPUTS)
-    plans = {**({} if "--spread-only" in sys.argv else {"sequential": sequential_plan(program)}),
-             "spread2": spread_rollout(sequential_plan(program), program, graph, ("group0", "group1"),
-                                       config.env.num_envs)}
+    counts = [int(c) for a in sys.argv if a.startswith("--processes=") for c in a.split("=")[1].split(",")] or [2]
+    # Spread first: if the call runs out of time, the figure not yet measured elsewhere is in.
+    plans = {f"spread{n}": spread_rollout(sequential_plan(program), program, graph,
+                                          tuple(f"group{i}" for i in range(n)), config.env.num_envs)
+             for n in counts}
+    if "--spread-only" not in sys.argv:
+        plans["sequential"] = sequential_plan(program)
     result = {"preset": preset, "env_steps_per_iteration": config.env_steps_per_iteration}
     with GpuActivitySampler() as sampler:
         for name, plan in plans.items():
+            logging.getLogger("jaxrose").info("measuring %s", name)
             seconds = measure_plan(config, plan, iterations, sampler=sampler)
             marks = sampler.marks()
             median = statistics.median(seconds)
@@ -38,7 +47,9 @@ def main() -> None:
                             "sm": sampler.mean(marks["measure/start"], marks["measure/end"])}
             print(json.dumps({name: result[name]}), flush=True)
     if "sequential" in result:
-        result["speedup"] = result["sequential"]["median_seconds"] / result["spread2"]["median_seconds"]
+        for name in plans:
+            if name != "sequential":
+                result[name]["speedup"] = result["sequential"]["median_seconds"] / result[name]["median_seconds"]
     json.dump(result, sys.stdout, indent=2)
 
 
