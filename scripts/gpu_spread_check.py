@@ -12,7 +12,7 @@ from jaxrose.mps import prepare_clients
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s", force=True)
     logging.getLogger("jaxrose").setLevel(logging.DEBUG)  # phases and per-iteration group rollout times
     prepare_clients({})  # this process joins a private MPS daemon before its GPU starts
     from jaxrose.graph import build_graph
