@@ -80,10 +80,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from jaxrose.checkpoint import CheckpointError
     from jaxrose.config import ConfigError
     from jaxrose.plan import PlanError
-    from jaxrose.train import NonFiniteError
+    from jaxrose.train import DeviceLostError, NonFiniteError
     from jaxrose.workers import WorkerError
 
-    return (ConfigError, CheckpointError, UnknownEnvironmentError, PlanError, WorkerError, NonFiniteError)
+    return (ConfigError, CheckpointError, UnknownEnvironmentError, PlanError, WorkerError, NonFiniteError,
+            DeviceLostError)
 
 
 # Each command's entry point, imported only when that command runs (they pull in heavy packages).

@@ -26,6 +26,10 @@ class MpsError(RuntimeError):
     """The MPS daemon could not be started or a client did not attach as asked."""
 
 
+class MpsAttachWarning(RuntimeWarning):
+    """A worker asked for an SM quota runs without it (not attached to the run's MPS daemon)."""
+
+
 def gpu_count() -> int:
     """GPUs visible through NVML (0 when NVML or a driver is missing)."""
     try:
@@ -95,6 +99,17 @@ class MpsDaemon:
             return False
         self.running = True
         return True
+
+    def alive(self) -> bool:
+        """Whether the control daemon still answers (a killed daemon leaves new clients unattached)."""
+        if not self.running:
+            return False
+        try:
+            result = subprocess.run([CONTROL_BINARY], input="get_server_list\n", env=self._env(),
+                                    capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            return False
+        return result.returncode == 0
 
     def client_env(self, sm_percentage: Optional[int] = None) -> dict[str, str]:
         """Variables a client must have before CUDA starts (empty when the daemon is not running)."""
@@ -172,6 +187,10 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
             os.environ.update(daemon.client_env())
             daemon.stop_when_process_exits(os.getpid())
             _controller_daemon = daemon
+    if reason is None and _controller_daemon is not None and not _controller_daemon.alive():
+        reason = (f"this run's MPS control daemon ({_controller_daemon.pipe_dir}) no longer answers (killed or "
+                  f"crashed); its clients lost their GPU context. Restart the run in a fresh process "
+                  f"(`--run.resume` continues from the last checkpoint)")
     if reason is None and _controller_daemon is not None:
         # Later calls (one per plan measured while tuning) add clients to the same daemon.
         for name, quota in quotas.items():
@@ -179,6 +198,40 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
     elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
         warnings.warn(f"Worker processes share the GPU without MPS: {reason}.", stacklevel=3)
     return envs
+
+
+def attachment_problem(env: dict[str, str], info: dict, total_sms: Optional[int] = None) -> Optional[str]:
+    """None when a worker started with `env` got the SM quota it asked for, else what went wrong.
+
+    `info` is the worker's ready message (its JAX device's platform and `core_count`). `total_sms`
+    is the GPU's full SM count; by default this process's own device count, read only where that is
+    safe (this process is an uncapped client of the same daemon, or already runs its GPU)."""
+    quota = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if quota is None or info.get("platform") != "gpu" or info.get("core_count") is None:
+        return None  # no quota asked for, or nothing to compare: a plain process is not checked
+    total = total_sms if total_sms is not None else _own_sm_count(env)
+    if total is None:
+        return None
+    expected = expected_sm_count(total, int(quota))
+    if info["core_count"] == expected:
+        return None
+    return (f"it sees {info['core_count']} of {total} SMs, but its quota of {quota}% gives {expected}: it is not "
+            f"attached to the MPS daemon at {env.get('CUDA_MPS_PIPE_DIRECTORY')} (did the daemon die? `jaxrose "
+            f"doctor` checks MPS). It runs uncapped, sharing the GPU by time slicing: results stay exact, but "
+            f"quotas and overlap do not take effect")
+
+
+def _own_sm_count(env: dict[str, str]) -> Optional[int]:
+    from jax._src import xla_bridge
+
+    same_daemon = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") == env.get("CUDA_MPS_PIPE_DIRECTORY")
+    uncapped = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+    if not uncapped or not (same_daemon or xla_bridge.backends_are_initialized()):
+        return None  # initialising this process's GPU here could bypass MPS or count a capped share
+    import jax
+
+    device = jax.devices()[0]
+    return getattr(device, "core_count", None) if device.platform == "gpu" else None
 
 
 def compile_cache_env(folder: str) -> dict[str, str]:

@@ -32,11 +32,20 @@ from jaxrose.runtime import MAIN, executor_for
 from jaxrose.plotting import plot_learning_curve
 from jaxrose.sequential import RunState, SequentialExecutor
 
-__all__ = ["NonFiniteError", "TerminatedError", "TrainResult", "train", "use_compile_cache"]
+__all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "train", "use_compile_cache"]
 
 
 class TerminatedError(KeyboardInterrupt):
     """SIGTERM arrived: the loop saved a checkpoint and stopped."""
+
+
+class DeviceLostError(RuntimeError):
+    """This process's GPU context failed mid-run (under MPS: the run's MPS server or daemon died)."""
+
+
+def _device_lost(error: Exception) -> bool:
+    text = str(error)
+    return "CUDA_ERROR" in text or "CUDA error" in text
 
 
 @dataclasses.dataclass
@@ -250,6 +259,15 @@ class _TrainingLoop:
             self.collect_remote(wait=True)
         except TerminatedError:
             raise
+        except jax.errors.JaxRuntimeError as error:
+            if not _device_lost(error):
+                raise
+            cause = "MPS server or daemon of this run died" if "MPS" in str(error) else "GPU reported an error"
+            raise DeviceLostError(
+                f"The GPU context of this process failed (the {cause}): {str(error).splitlines()[0][:300]}. "
+                f"No state after the last checkpoint can be read back. The last checkpoint is iteration "
+                f"{self._latest_checkpoint()} in {self.out_dir}: resume in a fresh process with --run.resume "
+                f"(--run.no-use-mps trains without MPS).") from error
         except KeyboardInterrupt:  # Ctrl-C: keep the progress, if the interrupt left a whole state
             if _intact(state):
                 self.save(int(state.iteration), state, wait=True)

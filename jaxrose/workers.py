@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
+import warnings
 from typing import Any, Callable, Iterator, Optional
 
 
@@ -75,6 +76,12 @@ class Worker:
         if kind != "ready":
             raise WorkerError(f"Worker {self.name} sent {kind!r} before it was ready.")
         self.info = {**payload[0], "start_seconds": time.perf_counter() - self._launched}
+        from jaxrose.mps import MpsAttachWarning, attachment_problem
+
+        problem = attachment_problem(self.env, self.info)
+        if problem is not None:  # verified from the SM count the worker's JAX reports
+            self.info["mps_attached"] = False
+            warnings.warn(f"Worker {self.name}: {problem}.", MpsAttachWarning, stacklevel=2)
         return self.info
 
     def send(self, message: Any) -> None:

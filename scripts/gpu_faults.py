@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 import jaxrose.mps as mps  # noqa: E402
 from jaxrose import manifest  # noqa: E402
-from jaxrose.mps import MpsDaemon, expected_sm_count, gpu_count, unavailable_reason  # noqa: E402
+from jaxrose.mps import MpsDaemon, attachment_problem, expected_sm_count, gpu_count, unavailable_reason  # noqa: E402
 from jaxrose.workers import Worker, WorkerError  # noqa: E402
 
 CASES = ("mps_missing", "client_killed", "server_killed", "control_killed", "train_helper_killed",
@@ -388,15 +388,26 @@ def case_control_killed(lab: Lab) -> dict:
         for pid in processes["control"]:
             os.kill(pid, signal.SIGKILL)
         after = result["after_kill"] = watch(workers, min(lab.args.watch, 10.0), since=killed)
-        newcomer = {"b": lab.worker("b", daemon.client_env(QUOTA))}
+        # What jaxrose does next: prepare_clients asks the daemon first, and every worker's SM count
+        # is checked against its quota when it reports ready.
+        result["daemon_alive_after_kill"] = daemon.alive()
+        env = daemon.client_env(QUOTA)
+        newcomer = {"b": lab.worker("b", env)}
         started = time.monotonic()
         info = start(newcomer, 60.0)["b"]
+        total = 132 if any(k in info.get("kind", "") for k in ("H100", "H200")) else None
         result["new_client"] = {"info": info, "seconds": round(time.monotonic() - started, 2),
-                                "attached": attached(info, QUOTA)}
+                                "attached": attached(info, QUOTA),
+                                "jaxrose_attachment_check": attachment_problem(env, info, total) if total else None}
         workers.update(newcomer)
+        flagged = result["new_client"]["jaxrose_attachment_check"] is not None
         new = ("failed: " + info["error"][:200] if "error" in info else
-               "ran silently WITHOUT MPS (full SM count)" if result["new_client"]["attached"] is False else "attached")
-        result["verdict"] = f"running client: {after['a']['state']}; new client {new}"
+               ("ran WITHOUT MPS (full SM count), flagged by jaxrose's attachment check" if flagged else
+                "ran silently WITHOUT MPS (full SM count), NOT FLAGGED") if result["new_client"]["attached"] is False
+               else "attached")
+        daemon_seen = ("daemon reported dead, so prepare_clients falls back with a warning" if
+                       not result["daemon_alive_after_kill"] else "DAEMON STILL REPORTED ALIVE")
+        result["verdict"] = f"running client: {after['a']['state']}; {daemon_seen}; new client {new}"
     finally:
         stop(workers)
         stop_daemon(daemon, result)

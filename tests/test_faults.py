@@ -1,4 +1,5 @@
-"""Faults: NaN from the env stops the run naming the stage, SIGTERM checkpoints and exits cleanly."""
+"""Faults: NaN from the env stops the run naming the stage, a lost GPU context stops it naming the
+checkpoint to resume from, SIGTERM checkpoints and exits cleanly."""
 
 import os
 import signal
@@ -12,7 +13,9 @@ from fault_envs import NaNRewardAfter
 from jaxrose import train
 from jaxrose.config import replace
 from jaxrose.sequential import SequentialExecutor
-from jaxrose.train import NonFiniteError
+import jax
+
+from jaxrose.train import DeviceLostError, NonFiniteError
 
 
 def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
@@ -24,6 +27,35 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_config
         train(config, executor=executor)
     steps = sorted(int(p) for p in os.listdir(tmp_path / "checkpoints") if p.isdigit())
     assert steps and max(steps) == 2
+
+
+class FailingDeviceExecutor(SequentialExecutor):
+    """Fault injection: from iteration `after` on, a step fails as JAX does when the run's MPS server
+    dies under it (measured on the H200: CUDA_ERROR_MPS_RPC_FAILURE from the next device call)."""
+
+    def __init__(self, config, after: int):
+        super().__init__(config)
+        self.after = after
+
+    def step(self, state):
+        if int(state.iteration) >= self.after:
+            raise jax.errors.JaxRuntimeError(
+                "INTERNAL: CUDA error: Error querying CUDA stream status: CUDA_ERROR_MPS_RPC_FAILURE: the remote "
+                "procedural call between the MPS server and the MPS client failed")
+        return super().step(state)
+
+
+def test_lost_gpu_context_stops_naming_the_checkpoint_to_resume_from(tiny_config, tmp_path):
+    config = replace(tiny_config, **{"run.out_dir": str(tmp_path), "run.total_env_steps": 512 * 8,
+                                     "run.num_evals": 2, "run.checkpoint_every": 2})
+    with pytest.raises(DeviceLostError, match=r"MPS server or daemon of this run died.*last checkpoint is "
+                                              r"iteration 2 in .*--run.resume"):
+        train(config, executor=FailingDeviceExecutor(config, after=3))
+    steps = sorted(int(p) for p in os.listdir(tmp_path / "checkpoints") if p.isdigit())
+    assert steps and max(steps) == 2
+    from jaxrose import manifest
+
+    assert manifest.verify(str(tmp_path / "checkpoints" / "2")) is None
 
 
 def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):

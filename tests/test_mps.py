@@ -4,7 +4,8 @@ import logging
 
 import pytest
 
-from jaxrose.mps import MpsDaemon, MpsError, expected_sm_count, unavailable_reason
+from jaxrose import mps
+from jaxrose.mps import MpsAttachWarning, MpsDaemon, MpsError, attachment_problem, expected_sm_count, unavailable_reason
 
 
 def test_expected_sm_count_matches_h200_measurement():
@@ -45,3 +46,39 @@ def test_daemon_that_fails_to_start_falls_back_with_a_warning(caplog, monkeypatc
         assert daemon.start() is False
     assert "MPS daemon failed to start (fault injection: refused)" in caplog.text and "time slicing" in caplog.text
     assert daemon.root is None and daemon.client_env(40) == {}  # its private folders are gone
+
+
+QUOTA_30 = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/pipe", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+
+
+def test_attachment_check_compares_the_sm_count_with_the_quota():
+    # H200, measured: 30% of 132 SMs gives 38; a client that missed the daemon sees all 132.
+    assert attachment_problem(QUOTA_30, {"platform": "gpu", "core_count": 38}, total_sms=132) is None
+    problem = attachment_problem(QUOTA_30, {"platform": "gpu", "core_count": 132}, total_sms=132)
+    assert "132 of 132 SMs" in problem and "30% gives 38" in problem and "/tmp/pipe" in problem
+    # Nothing to verify: no quota asked for, or a CPU worker.
+    assert attachment_problem({}, {"platform": "gpu", "core_count": 132}, total_sms=132) is None
+    assert attachment_problem(QUOTA_30, {"platform": "cpu", "core_count": None}, total_sms=132) is None
+
+
+def _ready_as_unattached_gpu_worker(conn):
+    """Fault injection, modelling the GPU: reports ready as a client that missed its MPS daemon."""
+    conn.send(("ready", {"platform": "gpu", "core_count": 132}))
+    conn.recv()
+
+
+def test_worker_that_missed_its_quota_is_flagged_when_ready(monkeypatch):
+    from jaxrose.workers import Worker
+
+    monkeypatch.setattr(mps, "_own_sm_count", lambda env: 132)  # models the controller's H200
+    worker = Worker("group0", _ready_as_unattached_gpu_worker, env=QUOTA_30)
+    try:
+        with pytest.warns(MpsAttachWarning, match="Worker group0: it sees 132 of 132 SMs"):
+            info = worker.start(60)
+        assert info["mps_attached"] is False
+    finally:
+        worker.stop()
+
+
+def test_a_daemon_that_is_not_running_is_not_alive():
+    assert MpsDaemon().alive() is False
