@@ -2,7 +2,7 @@
 ceiling's trivial policy) against uniform random actions in [-1, 1] (what an untrained policy sends),
 with and without the policy's observation history. MJX's constraint solver iterates until it
 converges, so the cost of a step depends on the actions. Usage: python3 scripts/gpu_env_step_check.py
-PRESET [PRESET ...]. Prints one JSON object: milliseconds per step, each the median of 5 scans of
+PRESET [PRESET ...] [--bare-only]. Prints one JSON object: milliseconds per step, each the median of 5 scans of
 one unroll after warm-up."""
 
 import json
@@ -44,10 +44,13 @@ def main() -> None:
     from jaxrose.sequential import make_env
 
     result = {"device": jax.devices()[0].device_kind}
-    for preset in sys.argv[1:] or ["pusher-transformer"]:
+    presets = [a for a in sys.argv[1:] if not a.startswith("--")] or ["pusher-transformer"]
+    for preset in presets:
         config = get_preset(preset)
         entry = result[preset] = {"num_envs": config.env.num_envs}
-        stacks = {"bare": envs.make(config.env.name), "as_trained": make_env(config)}
+        stacks = {"bare": envs.make(config.env.name)}
+        if "--bare-only" not in sys.argv:
+            stacks["as_trained"] = make_env(config)
         for stack, env in stacks.items():
             train_env = wrap_for_training(env, config.env.episode_length, 1, config.env.num_envs)
             for actions in ("zero", "random"):
