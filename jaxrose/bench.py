@@ -254,7 +254,16 @@ def _steady_summary(steady_sps: list[float], first_call, last_call, sampler) -> 
 
 
 def run_sim_ceiling(config, repeats: int, sampler) -> dict:
-    """Steps the training-wrapped env with zero actions for one iteration's worth of steps per call."""
+    """Steps the training-wrapped env for one iteration's worth of steps per call, with zero actions
+    (DESIGN.md's trivial policy: the rollout ceiling) and again with uniform random actions in
+    [-1, 1] (`random_actions`): MJX's solver iterates until it converges, so a step costs more when
+    the actions move the robot, as an untrained policy's do (measured on the H200: pusher 3.2x)."""
+    zero = _sim_rollout(config, repeats, sampler, random_actions=False)
+    zero["random_actions"] = _sim_rollout(config, repeats, sampler, random_actions=True)
+    return zero
+
+
+def _sim_rollout(config, repeats: int, sampler, random_actions: bool) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -264,27 +273,37 @@ def run_sim_ceiling(config, repeats: int, sampler) -> dict:
     env = envs.make(config.env.name)
     train_env = wrap_for_training(env, config.env.episode_length, 1, config.env.num_envs)
     steps = config.unrolls_per_iteration * config.ppo.unroll_length
+    shape = train_env.batch_shape + (env.action_size,)
 
-    def rollout(state):
-        action = jnp.zeros(train_env.batch_shape + (env.action_size,))
-        return jax.lax.scan(lambda s, _: (train_env.step(s, action), None), state, None, length=steps)[0]
+    def rollout(state, key):
+        def step(carry, _):
+            state, key = carry
+            key, action_key = jax.random.split(key)
+            action = (jax.random.uniform(action_key, shape, minval=-1.0, maxval=1.0) if random_actions
+                      else jnp.zeros(shape))
+            return (train_env.step(state, action), key), None
 
-    state = jax.block_until_ready(jax.jit(train_env.reset)(jax.random.PRNGKey(config.run.seed)))
+        return jax.lax.scan(step, (state, key), None, length=steps)[0]
+
+    carry = jax.block_until_ready((jax.jit(train_env.reset)(jax.random.PRNGKey(config.run.seed)),
+                                   jax.random.PRNGKey(config.run.seed + 1)))
     start = time.perf_counter()
-    compiled = jax.jit(rollout, donate_argnums=0).lower(state).compile()
+    compiled = jax.jit(rollout, donate_argnums=0).lower(*carry).compile()
     compile_seconds = time.perf_counter() - start
-    state = jax.block_until_ready(compiled(state))  # warm-up: first-run allocations stay out of the timing
+    carry = jax.block_until_ready(compiled(*carry))  # warm-up: first-run allocations stay out of the timing
 
-    t0 = sampler.mark("sim/steady_start")
+    label = "sim_random" if random_actions else "sim"
+    t0 = sampler.mark(f"{label}/steady_start")
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        state = jax.block_until_ready(compiled(state))
+        carry = jax.block_until_ready(compiled(*carry))
         seconds.append(time.perf_counter() - start)
-    t1 = sampler.mark("sim/steady_end")
+    t1 = sampler.mark(f"{label}/steady_end")
     env_steps = config.env_steps_per_iteration
     sps = [env_steps / s for s in seconds]
-    return {"status": "ok", "env_steps_per_call": env_steps, "scan_length": steps, "call_seconds": seconds,
+    return {"status": "ok", "actions": "uniform random in [-1, 1]" if random_actions else "zero",
+            "env_steps_per_call": env_steps, "scan_length": steps, "call_seconds": seconds,
             "call_sps": sps, "steady_sps": statistics.median(sps), "median_call_seconds": statistics.median(seconds),
             "compile_seconds": compile_seconds, "window": [t0, t1], "sm": sampler.mean(t0, t1)}
 
@@ -486,7 +505,7 @@ def compute_limits(config, sim: Optional[dict], update: Optional[dict]) -> dict:
         return {}
     rollout_seconds = sim["median_call_seconds"]
     train_seconds = update["median_update_seconds"]
-    return {
+    limits = {
         "env_steps_per_iteration": config.env_steps_per_iteration,
         "rollout_ceiling_sps": sim["steady_sps"],
         "rollout_seconds_at_ceiling": rollout_seconds,
@@ -494,6 +513,13 @@ def compute_limits(config, sim: Optional[dict], update: Optional[dict]) -> dict:
         "training_update_seconds": update["update_seconds"],
         "synchronous_limit_sps": config.env_steps_per_iteration / (rollout_seconds + train_seconds),
     }
+    moving = sim.get("random_actions", {})
+    if moving.get("status") == "ok":  # the same limits with the solver working as in training
+        limits["rollout_ceiling_random_actions_sps"] = moving["steady_sps"]
+        limits["rollout_seconds_random_actions"] = moving["median_call_seconds"]
+        limits["synchronous_limit_random_actions_sps"] = config.env_steps_per_iteration / (
+            moving["median_call_seconds"] + train_seconds)
+    return limits
 
 
 # -- ratios ---------------------------------------------------------------------------------------
@@ -504,6 +530,10 @@ RATIOS = (
      "systems.brax.steady_sps_with_evals"),
     ("jaxrose sequential / rollout ceiling", "systems.sequential.steady_sps", "limits.rollout_ceiling_sps"),
     ("jaxrose sequential / synchronous limit", "systems.sequential.steady_sps", "limits.synchronous_limit_sps"),
+    ("jaxrose sequential / synchronous limit (random actions)", "systems.sequential.steady_sps",
+     "limits.synchronous_limit_random_actions_sps"),
+    ("rollout ceiling: random / zero actions", "limits.rollout_ceiling_random_actions_sps",
+     "limits.rollout_ceiling_sps"),
     ("jaxrose overlapped / brax (incl. evals)", "systems.overlapped.steady_sps_with_evals",
      "systems.brax.steady_sps_with_evals"),
     ("jaxrose overlapped / jaxrose sequential (incl. evals)", "systems.overlapped.steady_sps_with_evals",
@@ -668,6 +698,8 @@ def _one_line(summary: dict) -> str:
     text = f"steady {summary['steady_sps']:,.0f} steps/s"
     if "steady_sps_with_evals" in summary:
         text += f", {summary['steady_sps_with_evals']:,.0f} incl. evals, final return {summary['final_return']:.4g}"
+    if summary.get("random_actions", {}).get("status") == "ok":
+        text += f" (zero actions); {summary['random_actions']['steady_sps']:,.0f} with random actions"
     return text
 
 
@@ -749,6 +781,13 @@ def render_markdown(results: dict) -> str:
             f"| {_fmt(limits['rollout_seconds_at_ceiling'] + limits['training_seconds_alone'], '.4f')} |",
             f"| training alone (learner update) | | {_fmt(limits['training_seconds_alone'], '.4f')} |",
         ]
+        if "rollout_ceiling_random_actions_sps" in limits:
+            lines += [
+                f"| rollout ceiling, random actions | {_fmt(limits['rollout_ceiling_random_actions_sps'])} "
+                f"| {_fmt(limits['rollout_seconds_random_actions'], '.4f')} |",
+                f"| synchronous limit, random actions | {_fmt(limits['synchronous_limit_random_actions_sps'])} "
+                f"| {_fmt(limits['rollout_seconds_random_actions'] + limits['training_seconds_alone'], '.4f')} |",
+            ]
     if results["ratios"]:
         lines += ["", "| ratio | value | from |", "| --- | ---: | --- |"]
         lines += [f"| {r['name']} | {r['value']:.3f} | `{r['numerator']}` / `{r['denominator']}` |"

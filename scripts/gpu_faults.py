@@ -511,7 +511,10 @@ def case_train(lab: Lab, target: str) -> dict:
         checkpoints = os.path.join(out, "checkpoints")
         steps = sorted(int(p) for p in os.listdir(checkpoints) if p.isdigit()) if os.path.isdir(checkpoints) else []
         result.update({"exit_code": process.returncode, "exit_after_s": exited, "error_lines": errors,
-                       "output_tail": stderr[-1500:], "checkpoint_steps": steps,
+                       "output_tail": stderr[-1500:],
+                       # XLA's teardown logs (E... lines) bury the traceback: keep the Python lines too
+                       "python_lines": [line for line in stderr.splitlines()
+                                        if not line.startswith(("E1", "W1", "I1", "===", "external/"))][-40:], "checkpoint_steps": steps,
                        "latest_checkpoint_intact": bool(steps) and manifest.verify(
                            os.path.join(out, "checkpoints", str(steps[-1]))) is None})
         if exited is None:

@@ -100,6 +100,12 @@ def test_limits_follow_from_the_measured_times(bench_run):
                                                     + limits["training_seconds_alone"])
     assert limits["synchronous_limit_sps"] == pytest.approx(expected, rel=1e-12)
     assert limits["synchronous_limit_sps"] < limits["rollout_ceiling_sps"]
+    moving = sim["random_actions"]  # the same ceiling measured again with the solver working
+    assert moving["actions"].startswith("uniform random") and moving["scan_length"] == sim["scan_length"]
+    assert limits["rollout_ceiling_random_actions_sps"] == moving["steady_sps"]
+    assert limits["synchronous_limit_random_actions_sps"] == pytest.approx(
+        limits["env_steps_per_iteration"] / (moving["median_call_seconds"] + limits["training_seconds_alone"]),
+        rel=1e-12)
 
 
 def test_each_ratio_is_the_quotient_of_stored_values(bench_run):
