@@ -73,6 +73,21 @@ def main(argv: list[str] | None = None) -> None:
     except TerminatedError as error:
         print(f"stopped: {error}", file=sys.stderr)
         raise SystemExit(143) from None
+    except Exception as error:  # a lost GPU context outside the training loop's own handler
+        from jaxrose.train import _device_lost
+
+        if not (isinstance(error, jax_runtime_error()) and _device_lost(error)):
+            raise
+        print(f"error: the GPU context of this process failed ({str(error).splitlines()[0][:300]}); under MPS "
+              f"this means the run's MPS server or daemon died. Checkpoints already written are intact: resume "
+              f"in a fresh process with --run.resume (--run.no-use-mps trains without MPS).", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def jax_runtime_error() -> type:
+    import jax
+
+    return jax.errors.JaxRuntimeError
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

@@ -249,6 +249,11 @@ class GroupSpreadExecutor(PlanExecutor):
         env_state = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *parts)
         return state.replace(env_state=jax.device_put(env_state))
 
+    def reload(self) -> None:
+        """The next step hands the group processes the env state and key of the state it is given
+        (after the caller replaced them, e.g. a NaN skip resetting envs)."""
+        self._resident_iteration = None
+
     def close(self) -> None:
         for worker in self.workers:
             worker.stop()

@@ -60,6 +60,7 @@ class NonFiniteGuard:
 
     def __init__(self, executor: SequentialExecutor, run: RunConfig, last_checkpoint: Callable[[], Optional[int]],
                  out_dir: str):
+        self.executor = executor
         self.skip = run.on_nonfinite == "skip"
         self.limit = run.max_consecutive_skips
         self.last_checkpoint, self.out_dir = last_checkpoint, out_dir
@@ -97,8 +98,12 @@ class NonFiniteGuard:
                 f"observations and rewards, or lower ppo.learning_rate / set ppo.max_grad_norm.")
         self.consecutive += 1
         self.skipped.append(iteration)
+        if hasattr(self.executor, "materialize"):  # group processes hold the live env state
+            state = self.executor.materialize(state)
         key, reset_key = jax.random.split(state.key)
         env_state, reset = self._reset(state.env_state, reset_key)
+        if hasattr(self.executor, "reload"):  # they go on from the reset envs and the new key
+            self.executor.reload()
         warnings.warn(f"Iteration {iteration} produced NaN or Inf in: {stages}; its update was skipped "
                       f"(run.on_nonfinite='skip'; {self.consecutive} in a row, of at most "
                       f"run.max_consecutive_skips={self.limit}) and {int(reset)} env(s) with a non-finite state "

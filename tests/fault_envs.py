@@ -45,3 +45,9 @@ class NaNObservationsBetween(StepCountedFault):
 
     def corrupt(self, state, t):
         return state.replace(obs=jnp.where((t >= self.start) & (t < self.stop), jnp.nan, state.obs))
+
+
+def nan_observations_36_38():
+    """`NaNObservationsBetween(36, 38)` by import path (`env.name="fault_envs:nan_observations_36_38"`),
+    so spawned worker processes build the same faulty env."""
+    return NaNObservationsBetween(36, 38)

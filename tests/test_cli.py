@@ -53,3 +53,27 @@ def test_doctor_reports_this_machine(capsys):
     assert report["versions"]["brax"] == "0.14.2"
     assert "not on PATH" in report["mps"] or "no NVIDIA GPU" in report["mps"]
     assert report["nvml_gpus"] == [] or "error" in report["nvml_gpus"][0]
+
+
+def test_lost_gpu_context_anywhere_is_a_one_line_error(monkeypatch, capsys):
+    import jax
+
+    from jaxrose import cli
+
+    def lose_the_gpu(command, args):  # fault injection: JAX's error when the MPS server dies (H200)
+        raise jax.errors.JaxRuntimeError("INTERNAL: CUDA error: CUDA_ERROR_MPS_RPC_FAILURE: the remote procedural "
+                                         "call between the MPS server and the MPS client failed")
+
+    monkeypatch.setattr(cli, "_dispatch", lose_the_gpu)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the GPU context of this process failed") and "--run.resume" in err
+
+    def other_runtime_error(command, args):
+        raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: something else")
+
+    monkeypatch.setattr(cli, "_dispatch", other_runtime_error)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="something else"):
+        cli.main(["train"])

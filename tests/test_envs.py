@@ -65,6 +65,16 @@ def test_unknown_env_lists_known_names():
     assert {"ant", "humanoid", "pendulum", "point_mass"} <= set(envs.names())
 
 
+def test_env_by_import_path_and_a_bad_path_is_named():
+    env = envs.make("fault_envs:nan_observations_36_38")  # what spawned workers can rebuild by name
+    assert type(env).__name__ == "NaNObservationsBetween"
+    assert env.observation_size == envs.make("point_mass").observation_size
+    with pytest.raises(ValueError, match="cannot load 'nope' from module 'fault_envs'"):
+        envs.make("fault_envs:nope")
+    with pytest.raises(ValueError, match="cannot load 'x' from module 'no_such_module'"):
+        envs.make("no_such_module:x")
+
+
 def test_episode_wrapper_truncates_and_sums_rewards():
     env = EpisodeWrapper(envs.make("pendulum"), episode_length=4)
     state = env.reset(jax.random.PRNGKey(1))

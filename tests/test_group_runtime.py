@@ -62,7 +62,7 @@ def test_spread_groups_equals_sequential(tiny_config):
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(live.env_state), jax.device_get(state.env_state))
         # Restarting from a materialized state (as after a checkpoint restore) continues identically.
         state, _ = sequential.step(state)
-        runtime._resident_iteration = None  # as in a fresh executor: the state's env state is loaded
+        runtime.reload()  # as in a fresh executor: the state's env state is loaded
         other, _ = runtime.step(live)
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(other.learner), jax.device_get(state.learner))
         segments = runtime_segments(runtime)

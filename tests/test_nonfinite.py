@@ -74,3 +74,22 @@ def test_on_nonfinite_is_validated():
         RunConfig(on_nonfinite="ignore")
     with pytest.raises(ConfigError, match="run.max_consecutive_skips must be >= 1"):
         RunConfig(max_consecutive_skips=0)
+
+
+def test_skip_with_groups_spread_over_processes_equals_sequential(tiny_config, tmp_path):
+    """The group processes hold the live env state: a skip resets their broken envs too, and the run
+    stays bitwise the sequential one (CPU)."""
+    from test_group_runtime import spread_plan
+
+    config = replace(tiny_config, **{"env.name": "fault_envs:nan_observations_36_38", "env.num_groups": 4,
+                                     "run.on_nonfinite": "skip", "run.num_evals": 2})
+    plan_file = tmp_path / "plan.json"
+    spread_plan(config)[0].save(str(plan_file))
+    results = {}
+    for name, extra in (("sequential", {}), ("spread", {"run.plan": str(plan_file)})):
+        run = replace(config, **{"run.out_dir": str(tmp_path / name), **extra})
+        with pytest.warns(NonFiniteWarning, match="Iteration 3 .*env_step_observations.*32 env"):
+            results[name] = train(run)
+    assert results["sequential"].skipped_iterations == results["spread"].skipped_iterations == [3]
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(results["spread"].state.learner),
+                 jax.device_get(results["sequential"].state.learner))
