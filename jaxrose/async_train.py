@@ -5,7 +5,9 @@ the consumed env steps pass another `iterations_per_eval` iterations' worth), so
 compare run for run. Checkpoints are snapshots (`AsyncTrainer`: no barrier, the actors report
 between rollouts) taken on the evaluation schedule, every `run.checkpoint_every` iterations' worth
 of env steps, and at the end, written in a background thread; `run.resume` continues from the
-newest. With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas and cores.
+newest. With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas, cores and
+(with `run.resources.group_levels`) the actors' batch sizes; `resources/actor<i>_groups` in the
+metrics is each actor's batch after every update.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
             update_seconds.append(now - last["time"])
             last["time"] = now
             emit(steps, {"train/policy_lag_max": max(info["lags"]), "perf/queue_depth": info["queue_depth"],
-                         "train/episode_return": info["episode_return"] if info["episodes"] else float("nan")})
+                         "train/episode_return": info["episode_return"] if info["episodes"] else float("nan"),
+                         **{f"resources/actor{i}_groups": float(g) for i, g in enumerate(info["groups_per_actor"])}})
             while steps >= last["next_eval"]:
                 evaluator.submit(last["next_eval"] // config.env_steps_per_iteration, learner)
                 last["next_eval"] += eval_every
@@ -109,7 +112,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
             saver.wait()
         record(evaluator.drain())
         for decision in result.resource_decisions:
-            if decision["kind"] in ("sm_quota", "cores", "restart"):
+            if decision["kind"] in ("sm_quota", "cores", "restart", "groups"):
                 emit(consumed0 + result.env_steps, {f"resources/{decision['process']}_{decision['kind']}":
                                         float(np.mean(decision["after"]))})
         emit(consumed0 + result.env_steps, {"perf/rollout_sps": result.rollout_sps,
