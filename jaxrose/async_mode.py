@@ -21,6 +21,13 @@ A snapshot holds each actor's env state at its current group count, and a restor
 An actor's batch (the env groups it steps) may change at run time (`resize_actor`, driven by
 `jaxrose.resources`): the trajectories it sends then hold the new count, updates take whatever
 trajectories are ready, and the learner compiles once per batch size it meets.
+
+NaN or Inf (`run.on_nonfinite`, `jaxrose.nonfinite`): every trajectory taken is checked
+(observations, rewards) before it reaches the learner, and every update (losses, parameters)
+before its parameters go out or a snapshot is asked for. `stop` raises `NonFiniteError` naming the
+stage; `skip` drops the trajectory (and has its actor reset its broken envs) or the update (the
+parameters stay as they were), with a warning; more than `run.max_consecutive_skips` in a row, of
+updates or of one actor's trajectories, stops the run.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class AsyncResult:
     """Each actor's batch size (env groups) at the end."""
     learner_batch_segments: list[int] = dataclasses.field(default_factory=list)
     """The distinct learner batch sizes (segments) met; the learner compiled once for each."""
+    skipped: list[dict] = dataclasses.field(default_factory=list)
+    """Trajectories and updates dropped for NaN or Inf (`run.on_nonfinite='skip'`)."""
 
     @property
     def rollout_sps(self) -> float:
@@ -78,15 +87,17 @@ class Snapshot:
     env_steps: int
 
 
-def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds: float) -> None:
-    """Actor process: its env groups, the rollout stages, parameters in, trajectories out."""
+def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds: float, env=None) -> None:
+    """Actor process: its env groups, the rollout stages, parameters in, trajectories out. `env`:
+    the env to step (a fault injector in tests); None builds the config's."""
     from envs.wrappers import wrap_for_training
     from jaxrose.networks import make_actor_critic
+    from jaxrose.nonfinite import reset_broken_envs
     from jaxrose.ppo_program import rollout_nodes
     from jaxrose.program import Program, run_program
     from jaxrose.sequential import make_env
 
-    env = make_env(config)
+    env = env if env is not None else make_env(config)
     episode, per_group = config.env.episode_length, config.env.envs_per_group
     groups = config.env.num_groups // num_actors
     layout = lambda count: wrap_for_training(env, episode, count, per_group)  # noqa: E731
@@ -108,6 +119,10 @@ def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds
         # New groups' envs: a key that depends only on the actor and the update of the change.
         return jax.jit(layout(count).reset)(jax.random.fold_in(jax.random.fold_in(env_key, index), update))
 
+    @jax.jit
+    def repair(env_state, key):
+        return reset_broken_envs(layout(groups_of(env_state)), env_state, key)[0]
+
     conn.send(("ready", {"platform": jax.devices()[0].platform, "groups": groups}))
     start = (env_state, key)  # where the rollout in progress (or the last one) began: a snapshot's "start"
     while True:
@@ -125,6 +140,10 @@ def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds
         if message[0] == "resize":
             _, size, update = message
             env_state = resized(env_state, size, lambda count: fresh_groups(count, update))
+            continue
+        if message[0] == "repair":  # after a non-finite trajectory was skipped
+            key, repair_key = jax.random.split(key)
+            env_state = repair(env_state, repair_key)
             continue
         _, version, params, normalizer = message
         began, start = time.perf_counter(), (env_state, key)
@@ -184,10 +203,22 @@ def _check_batch_sizes(config: TrainConfig, num_actors: int, max_lag: int) -> No
                               f"change the levels or the minibatch count.")
 
 
+def _with_params_health(update):
+    """The learner's update, its metrics with the parameters' health flag (`jaxrose.nonfinite`)."""
+    from jaxrose.nonfinite import params_health
+
+    def checked(learner, batch):
+        learner, metrics = update(learner, batch)
+        return learner, {**metrics, **params_health(learner.params)}
+
+    return checked
+
+
 class AsyncTrainer:
     def __init__(self, config: TrainConfig, num_actors: int, max_lag: int,
                  actor_delays: Optional[dict[int, float]] = None, worker_env: Optional[dict] = None,
-                 actor_envs: Optional[list[dict]] = None):
+                 actor_envs: Optional[list[dict]] = None, env=None):
+        """`env`: the env the actors step (pickled to them; e.g. a fault injector); None builds the config's."""
         if num_actors < 1 or config.env.num_groups % num_actors:
             raise ConfigError(f"env.num_groups ({config.env.num_groups}) must be a multiple of the number of actors "
                               f"({num_actors}): each actor owns whole env groups.")
@@ -197,8 +228,9 @@ class AsyncTrainer:
         from jaxrose.sequential import SequentialExecutor
 
         self.config, self.num_actors, self.max_lag = config, num_actors, max_lag
-        self.executor = SequentialExecutor(config)  # the learner, network and key layout
-        self._update = jax.jit(self.executor.learner.update)
+        self.executor = SequentialExecutor(config, env=env)  # the learner, network and key layout
+        self._custom_env = env
+        self._update = jax.jit(_with_params_health(self.executor.learner.update))
         self._delays = actor_delays or {}
         self.groups = [config.env.num_groups // num_actors] * num_actors  # each actor's batch size
         envs = actor_envs or [worker_env] * num_actors
@@ -216,7 +248,7 @@ class AsyncTrainer:
             raise
 
     def _worker(self, index: int, env: Optional[dict]) -> Worker:
-        args = (self.config, index, self.num_actors, self._delays.get(index, 0.0))
+        args = (self.config, index, self.num_actors, self._delays.get(index, 0.0), self._custom_env)
         return Worker(f"actor{index}", _actor, args, env)
 
     def template(self) -> Snapshot:
@@ -265,6 +297,45 @@ class AsyncTrainer:
             batch = batch.replace(proximal_log_prob=distribution.log_prob(logits, batch.raw_action))
         return batch, stats
 
+    def _finite_trajectories(self, taken: dict, version: int, nonfinite, skipped: list) -> list[int]:
+        """The actors in `taken` whose trajectory is finite. A non-finite one stops the run, or is
+        dropped with a warning and its actor told to reset its broken envs (before any snapshot
+        asks for its state, so no checkpoint holds them)."""
+        from jaxrose.nonfinite import trajectory_stages
+
+        good = []
+        for i, (collected, unrolls) in taken.items():
+            stages, kind = trajectory_stages(unrolls), f"trajectories from actor{i}"
+            if not stages:
+                nonfinite.healthy(kind)
+                good.append(i)
+                continue
+            finding = (f"Update {version + 1} received NaN or Inf in: {', '.join(stages)} (actor{i}'s trajectory, "
+                       f"collected with the parameters of update {collected})")
+            nonfinite.admit(version + 1, finding, kind)
+            self.actors[i].send(("repair",))
+            skipped.append({"update": version + 1, "stages": stages, "actor": i})
+            nonfinite.warn(finding, f"that trajectory was dropped and actor{i}'s envs with a non-finite state are "
+                                    f"reset before its next rollout", kind=kind)
+        return good
+
+    def _learn(self, learner, unrolls: dict, lag: int, version: int, nonfinite, skipped: list, used: list[int]):
+        """(the learner after one update on `unrolls`, episode stats), or (None, stats) when the update
+        produced NaN or Inf and is skipped (with `stop`, `nonfinite` raises instead)."""
+        from jaxrose.nonfinite import bad_stages
+
+        batch, stats = self._batch(unrolls, learner, lag)
+        updated, metrics = self._update(learner, batch)
+        stages = bad_stages({k: float(v) for k, v in jax.device_get(metrics).items()})
+        if not stages:
+            nonfinite.healthy("updates")
+            return updated, stats
+        finding = f"Update {version + 1} produced NaN or Inf in: {', '.join(stages)}"
+        nonfinite.admit(version + 1, finding, "updates")
+        skipped.append({"update": version + 1, "stages": stages, "actors": used})
+        nonfinite.warn(finding, f"it was skipped (the parameters stay those of update {version})", kind="updates")
+        return None, stats
+
     def _apply_resources(self, manager, take: list[int], version: int) -> None:
         """Quota restarts and batch sizes the manager decided, for the actors now between rollouts."""
         for i in take:
@@ -278,16 +349,23 @@ class AsyncTrainer:
 
     def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: float = 300.0,
             on_update=None, start: Optional[Snapshot] = None, snapshot_due=None, on_snapshot=None,
-            manager=None) -> AsyncResult:
+            manager=None, nonfinite=None) -> AsyncResult:
         """Runs until `updates` learner updates or `env_steps` consumed env steps (counted from the
         start of the run, so a resumed run has the same budget), whichever is given.
         `on_update(update, env_steps, learner, info)` is called after each update (logging, evaluation);
         `info` holds the update's lags, queue depth, training returns and the actors' batch sizes.
         `start`: a snapshot to continue from. `snapshot_due(update, env_steps)`: whether to take a
         snapshot after this update; each is handed to `on_snapshot` once all actors reported, and
-        one more at the end. `manager`: a `jaxrose.resources.ResourceManager` fed with measurements."""
+        one more at the end. `manager`: a `jaxrose.resources.ResourceManager` fed with measurements.
+        `nonfinite`: a `jaxrose.nonfinite.NonFinitePolicy` (default: `run.on_nonfinite`, no checkpoint
+        to name). Trajectories dropped for NaN or Inf count as consumed env steps, as a skipped
+        iteration does in the synchronous loop; a skipped update is not counted as an update."""
+        from jaxrose.nonfinite import NonFinitePolicy
+
         if (updates is None) == (env_steps is None):
             raise ValueError("Give exactly one of `updates` and `env_steps`.")
+        if nonfinite is None:
+            nonfinite = NonFinitePolicy(self.config.run, unit="update")
         if start is None:
             learner, version, consumed = self.executor.init(jax.random.PRNGKey(self.config.run.seed)).learner, 0, 0
         else:
@@ -303,7 +381,7 @@ class AsyncTrainer:
         for i, actor in enumerate(self.actors):
             actor.send(("params", version, *host_params))
             params_sent[i] = version
-        lags, depths, returns, shapes, batch_sizes = [], [], [], [], set()
+        lags, depths, returns, shapes, skipped, batch_sizes = [], [], [], [], [], set()
         rollouts = {i: 0 for i in range(self.num_actors)}
         ready = self._ready
         pending: dict = {}  # snapshots waiting for actors' states
@@ -316,19 +394,21 @@ class AsyncTrainer:
             depths.append(len(ready))
             taken = {i: ready.pop(i) for i in take}
             consumed += sum(_trajectory_groups(u) for _, u in taken.values()) * steps_per_group_rollout
-            batch_lags = [version - taken[i][0] for i in take]
-            trajectory = _concatenate([taken[i][1] for i in take])
-            batch_sizes.add(_segments(trajectory))
-            lags.extend(batch_lags)
-            shapes.extend((i, _trajectory_groups(taken[i][1])) for i in take)
-            batch, stats = self._batch(trajectory, learner, max(batch_lags))
-            learner, _ = self._update(learner, batch)
-            version += 1
-            done += 1
-            if float(stats["episodes"]) > 0:
-                returns.append(float(stats["episode_return"]))
-            if snapshot_due is not None and snapshot_due(version, consumed):
-                pending[version] = self._snapshot_request(version, consumed, learner, take)
+            used = self._finite_trajectories(taken, version, nonfinite, skipped)
+            batch_lags = [version - taken[i][0] for i in used]
+            updated, stats = None, None
+            if used:
+                trajectory = _concatenate([taken[i][1] for i in used])
+                batch_sizes.add(_segments(trajectory))
+                updated, stats = self._learn(learner, trajectory, max(batch_lags), version, nonfinite, skipped, used)
+            if updated is not None:
+                learner, version, done = updated, version + 1, done + 1
+                lags.extend(batch_lags)
+                shapes.extend((i, _trajectory_groups(taken[i][1])) for i in used)
+                if float(stats["episodes"]) > 0:
+                    returns.append(float(stats["episode_return"]))
+                if snapshot_due is not None and snapshot_due(version, consumed):
+                    pending[version] = self._snapshot_request(version, consumed, learner, take)
             if manager is not None:
                 manager.on_update(time.perf_counter(), batch_lags, depths[-1], waited)
                 self._apply_resources(manager, take, version)
@@ -338,11 +418,12 @@ class AsyncTrainer:
                 self.actors[i].send(("params", version, *host_params))
                 params_sent[i] = version
             self._deliver(pending, on_snapshot)
-            if on_update is not None:
+            if on_update is not None and updated is not None:
                 on_update(done, consumed, learner, {"lags": batch_lags, "queue_depth": depths[-1],
                                                  "episode_return": float(stats["episode_return"]),
                                                  "episodes": float(stats["episodes"]),
-                                                 "groups_per_actor": list(self.groups)})
+                                                 "groups_per_actor": list(self.groups),
+                                                 "skipped": len(skipped)})
         wall = time.perf_counter() - start_time
         if on_snapshot is not None:
             if version not in pending:  # every actor is rolling out from the state to save by now
@@ -359,7 +440,7 @@ class AsyncTrainer:
         return AsyncResult(learner, done - (start.updates if start else 0), lags, rollouts, depths, wall,
                            consumed - (start.env_steps if start else 0), returns,
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
-                           sorted(batch_sizes))
+                           sorted(batch_sizes), skipped)
 
     def _snapshot_request(self, version: int, consumed: int, learner, take: list[int]) -> tuple:
         """Asks every actor for the state its next unconsumed rollout starts from (see the module doc)."""
