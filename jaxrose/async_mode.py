@@ -343,7 +343,7 @@ class AsyncTrainer:
             if env is not None:
                 manager.restarted(i, self.restart_actor(i, env))
             groups = manager.resize_to(i)
-            if groups is not None and groups != self.groups[i]:
+            if groups is not None:
                 manager.resized(i, self.groups[i], groups, version)
                 self.resize_actor(i, groups, version)
 

@@ -267,6 +267,7 @@ class ResourceManager:
         self._pending: dict[int, int] = {}  # actor -> SM quota waiting for its restart
         self._pending_groups: dict[int, int] = {}  # actor -> batch size waiting for its next parameters
         self._warming: set[int] = set()  # actors whose next rollout compiles (new process or shape)
+        self._resizing: set[int] = set()  # actors decided a new batch size, still rolling out the old one
         self._reset_window(time.perf_counter())
         self._trainer = None
 
@@ -295,6 +296,8 @@ class ResourceManager:
         os.sched_setaffinity(pid, set(cores))
 
     def on_trajectory(self, index: int, seconds: float) -> None:
+        if index in self._resizing:  # the old batch size: not what the next verdict is about
+            return
         if index in self._warming:  # that rollout paid for a compile: not a measure of the actor's speed
             self._warming.discard(index)
             return
@@ -325,6 +328,7 @@ class ResourceManager:
                 decision["applied"] = True
             elif decision["kind"] == "groups":  # sent with the actor's next parameters
                 self._pending_groups[index] = decision["after"]
+                self._resizing.add(index)
                 decision["applied"] = "with the actor's next parameters"
             else:  # a quota takes a restart, done by the trainer between that actor's rollouts
                 self._pending[index] = decision["after"]
@@ -345,6 +349,7 @@ class ResourceManager:
         return self._pending_groups.pop(index, None)
 
     def resized(self, index: int, before: int, groups: int, update: int) -> None:
+        self._resizing.discard(index)
         self._warming.add(index)
         self._write({"process": f"actor{index}", "kind": "resize", "before": before, "after": groups, "update": update,
                      "reason": f"sent with the parameters of update {update}: the actor's next trajectory holds "
