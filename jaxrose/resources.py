@@ -152,12 +152,13 @@ def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, c
     per_group = [s / g for s, g in zip(seconds, groups)]
     if starving and not straggler:
         caps = dict(state.ceilings)
-        growable = [i for i, g in enumerate(groups) if math.isfinite(seconds[i])
-                    and _level_above(levels, g) is not None and _level_above(levels, g) <= caps.get(i, levels[-1])]
+        above = [_level_above(levels, g) for g in groups]
+        growable = [i for i in range(len(groups))  # measured: the verdict needs its throughput before
+                    if math.isfinite(seconds[i]) and above[i] is not None and above[i] <= caps.get(i, levels[-1])]
         if not growable:
             return None
         actor = min(growable, key=lambda i: (groups[i], per_group[i]))
-        size = _level_above(levels, groups[actor])
+        size = above[actor]
         finished = [s for s in seconds if math.isfinite(s)]
         return actor, size, (f"learner waited {m.learner_wait_fraction:.0%} of the interval and no actor lags the "
                              f"others (rollouts {min(finished):.3g}-{max(finished):.3g} s): actor{actor}'s batch grows "
@@ -351,9 +352,9 @@ class ResourceManager:
     def resized(self, index: int, before: int, groups: int, update: int) -> None:
         self._resizing.discard(index)
         self._warming.add(index)
-        self._write({"process": f"actor{index}", "kind": "resize", "before": before, "after": groups, "update": update,
-                     "reason": f"sent with the parameters of update {update}: the actor's next trajectory holds "
-                               f"{groups} env group(s)"})
+        reason = f"sent with the parameters of update {update}: the actor's next trajectory holds {groups} env group(s)"
+        self._write({"process": f"actor{index}", "kind": "resize", "before": before, "after": groups,
+                     "update": update, "reason": reason})
 
     def restarted(self, index: int, seconds: float) -> None:
         self._warming.add(index)

@@ -143,7 +143,7 @@ def test_starving_without_a_straggler_grows_the_most_efficient_smallest_batch_an
     # actor1 at 4 groups: 4 / 0.25 = 16 groups/s against 2 / 0.18 = 11.1 before, 1.44x >= 1.2x: kept.
     paid = _m([0.20, 0.25], wait=0.6, depth=0.1)
     state, history = PolicyState(), []
-    for m in [EVEN_STARVING] * 2 + [EVEN_STARVING] * 2 + [paid, EVEN_STARVING]:
+    for m in [EVEN_STARVING] * 4 + [paid, EVEN_STARVING]:  # grow, cooldown x2, verdict, grow
         allocation, state, decisions = decide(m, allocation, state, BATCH)
         history.append(decisions)
     # Patience 2: the second starving interval acts. Both at 2 groups; actor1 does a group in
@@ -165,7 +165,8 @@ def test_a_growth_that_does_not_pay_is_undone_and_becomes_the_actors_ceiling():
     no_gain = _m([0.20, 0.36], wait=0.6, depth=0.1)
     unmeasured = _m([0.20, NAN], wait=0.6, depth=0.1)
     state, history = PolicyState(), []
-    for m in [EVEN_STARVING] * 2 + [EVEN_STARVING] * 2 + [unmeasured, no_gain] + [EVEN_STARVING] * 2 + [EVEN_STARVING] * 2:
+    # grow, cooldown x2, no verdict yet, undo, cooldown x2, patience, grow
+    for m in [EVEN_STARVING] * 4 + [unmeasured, no_gain] + [EVEN_STARVING] * 4:
         allocation, state, decisions = decide(m, allocation, state, BATCH)
         history.append(decisions)
     assert _groups(history[1]) == [("actor1", 2, 4)]
@@ -219,7 +220,8 @@ def test_batch_settings_are_validated(tiny_config):
                                           r"env.num_groups / actors = 1"):
         AsyncTrainer(config, num_actors=2, max_lag=1)
     # 32 groups of one env, 2 unrolls each: a 1-group batch is 2 segments, not 4 minibatches' worth.
-    config = replace(config, **{"env.num_groups": 32, "run.resources": ResourceConfig(manager="on", group_levels=(1, 16))})
+    levels = ResourceConfig(manager="on", group_levels=(1, 16))
+    config = replace(config, **{"env.num_groups": 32, "run.resources": levels})
     with pytest.raises(ConfigError, match=r"A batch of 1 group\(s\) per actor \(run.resources.group_levels\) holds 2 "
                                           r"segments, not a multiple of ppo.num_minibatches \(4\)"):
         AsyncTrainer(config, num_actors=2, max_lag=1)
