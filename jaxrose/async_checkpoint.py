@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
+import jax
 import numpy as np
 
 from jaxrose.async_mode import Snapshot
@@ -29,8 +30,21 @@ def from_tree(tree: dict) -> Snapshot:
 
 
 def restore(checkpointer: Checkpointer, template: Snapshot, config) -> Snapshot:
-    """The newest intact step, shaped like `template` (see `Checkpointer.restore`)."""
-    return from_tree(checkpointer.restore(to_tree(template), config))
+    """The newest intact step, with `template`'s tree (see `Checkpointer.restore`). Each actor's env
+    state comes back with the group count it was saved with (the resource manager may have changed
+    it): orbax restores host arrays at their saved shapes."""
+    snapshot = from_tree(checkpointer.restore(to_tree(template), config))
+    snapshot.actors = [(_fit_empty_leaves(env_state), key) for env_state, key in snapshot.actors]
+    return snapshot
+
+
+def _fit_empty_leaves(env_state):
+    """Zero-size leaves are not saved (`checkpoint._flatten`) but taken from the template: give
+    them the restored group count (the leading axis of the saved leaves)."""
+    saved = [x.shape[0] for x in jax.tree.leaves(env_state) if x.size]
+    if not saved:
+        return env_state
+    return jax.tree.map(lambda x: x if x.size else np.zeros((saved[0],) + x.shape[1:], x.dtype), env_state)
 
 
 class BackgroundSaver:

@@ -5,7 +5,11 @@ the consumed env steps pass another `iterations_per_eval` iterations' worth), so
 compare run for run. Checkpoints are snapshots (`AsyncTrainer`: no barrier, the actors report
 between rollouts) taken on the evaluation schedule, every `run.checkpoint_every` iterations' worth
 of env steps, and at the end, written in a background thread; `run.resume` continues from the
-newest. With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas and cores.
+newest. With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas, cores and
+(with `run.resources.group_levels`) the actors' batch sizes; `resources/actor<i>_groups` in the
+metrics is each actor's batch after every update. `run.on_nonfinite` is honoured as in the
+synchronous loop (see `jaxrose.async_mode`): a stop names the newest checkpoint, which never holds
+the bad state.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from jaxrose.callbacks import JsonlWriter, ProgressBar, TensorBoardWriter
 from jaxrose.config import TrainConfig
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.mps import prepare_clients
+from jaxrose.nonfinite import NonFinitePolicy
 from jaxrose.resources import ResourceManager, initial_allocation, quota_env
 
 
-def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
+def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, env=None):
+    """`env`: the env the actors step (e.g. a fault injector); None builds the config's."""
     from jaxrose.sequential import RunState
     from jaxrose.train import TrainResult
 
@@ -55,6 +61,14 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
     every = [eval_every] + ([run.checkpoint_every * config.env_steps_per_iteration] if run.checkpoint_every else [])
     next_save = {"steps": eval_every}
 
+    def last_checkpoint():
+        if saver is None:
+            return None
+        saver.wait()
+        return saver.checkpointer.latest_step()
+
+    nonfinite = NonFinitePolicy(run, last_checkpoint, os.path.join(out_dir, "checkpoints"), unit="update")
+
     def snapshot_due(update, steps):
         if steps < next_save["steps"]:
             return False
@@ -74,7 +88,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
     try:
         evaluator.start()
         start = time.perf_counter()
-        trainer = AsyncTrainer(config, run.actors, run.max_policy_lag, actor_envs=[envs[n] for n in names])
+        trainer = AsyncTrainer(config, run.actors, run.max_policy_lag, actor_envs=[envs[n] for n in names], env=env)
         startup_seconds = time.perf_counter() - start
         resumed = None
         if run.resume:
@@ -97,19 +111,21 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
             update_seconds.append(now - last["time"])
             last["time"] = now
             emit(steps, {"train/policy_lag_max": max(info["lags"]), "perf/queue_depth": info["queue_depth"],
-                         "train/episode_return": info["episode_return"] if info["episodes"] else float("nan")})
+                         "train/episode_return": info["episode_return"] if info["episodes"] else float("nan"),
+                         **{f"resources/actor{i}_groups": float(g) for i, g in enumerate(info["groups_per_actor"])},
+                         **({"train/skipped_updates": float(info["skipped"])} if nonfinite.skip else {})})
             while steps >= last["next_eval"]:
                 evaluator.submit(last["next_eval"] // config.env_steps_per_iteration, learner)
                 last["next_eval"] += eval_every
             record(evaluator.finished())
 
         result = trainer.run(env_steps=budget, on_update=on_update, start=resumed, snapshot_due=snapshot_due,
-                             on_snapshot=saver, manager=manager)
+                             on_snapshot=saver, manager=manager, nonfinite=nonfinite)
         if saver is not None:
             saver.wait()
         record(evaluator.drain())
         for decision in result.resource_decisions:
-            if decision["kind"] in ("sm_quota", "cores", "restart"):
+            if decision["kind"] in ("sm_quota", "cores", "restart", "groups"):
                 emit(consumed0 + result.env_steps, {f"resources/{decision['process']}_{decision['kind']}":
                                         float(np.mean(decision["after"]))})
         emit(consumed0 + result.env_steps, {"perf/rollout_sps": result.rollout_sps,
@@ -133,4 +149,5 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True):
     out = TrainResult(state, trainer.executor, evaluations, update_seconds, startup_seconds, out_dir,
                       sum(update_seconds), update_starts, evaluator.worker.info)
     out.async_result = result
+    out.skipped_iterations = nonfinite.skipped
     return out

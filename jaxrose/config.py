@@ -156,6 +156,13 @@ class ResourceConfig:
     """Consecutive intervals a signal must persist before the manager acts on it."""
     cooldown: int = 2
     """Intervals after a change during which no other change is made (its effect is measured first)."""
+    group_levels: tuple[int, ...] = ()
+    """Per-actor batch sizes the manager may choose, in env groups per actor: an actor at level g
+    steps g * env.num_envs / env.num_groups envs and sends trajectories of that many groups. Must
+    include the starting size env.num_groups / run.actors. Empty: batch sizes stay fixed."""
+    grow_gain: float = 1.2
+    """A grown batch stays only if the actor's rollout throughput (groups per second) rose by this
+    factor; otherwise it shrinks back and stays there (the device had no room for more envs)."""
 
     def __post_init__(self):
         _require(self.interval > 0, f"run.resources.interval must be > 0 seconds, got {self.interval}.")
@@ -171,6 +178,10 @@ class ResourceConfig:
         _require(self.slow_ratio > 1, f"run.resources.slow_ratio must be > 1, got {self.slow_ratio}.")
         _require(self.patience >= 1, f"run.resources.patience must be >= 1, got {self.patience}.")
         _require(self.cooldown >= 0, f"run.resources.cooldown must be >= 0, got {self.cooldown}.")
+        groups = self.group_levels
+        _require(all(g >= 1 for g in groups) and list(groups) == sorted(set(groups)),
+                 f"run.resources.group_levels must be increasing env group counts >= 1, got {groups}.")
+        _require(self.grow_gain >= 1, f"run.resources.grow_gain must be >= 1, got {self.grow_gain}.")
 
 
 @dataclasses.dataclass(frozen=True)

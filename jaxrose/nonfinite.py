@@ -6,6 +6,7 @@ envs whose state is no longer finite, warn naming the stage, and go on; after
 `run.max_consecutive_skips` skipped iterations in a row, stop as above. The RNG key and the
 healthy envs move on: keeping them too would replay the same iteration bit for bit, and fail again.
 Skipping costs one device copy of the learner state per iteration (the executor donates its input).
+The asynchronous mode applies the same settings through `NonFinitePolicy` (see `jaxrose.async_mode`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrose.config import RunConfig
 from jaxrose.sequential import RunState, SequentialExecutor
@@ -55,23 +57,71 @@ def reset_broken_envs(train_env, env_state, key: jax.Array):
     return jax.tree.map(pick, fresh, env_state), jnp.sum(~ok)
 
 
+ADVICE = "Check the env's observations and rewards, or lower ppo.learning_rate / set ppo.max_grad_norm"
+
+
+class NonFinitePolicy:
+    """`run.on_nonfinite` applied to one finding at a time: stop, or let the caller skip it (at
+    most `run.max_consecutive_skips` in a row of one kind). Shared by the synchronous loop (`unit`
+    'iteration') and the asynchronous learner ('update', the unit its checkpoints are numbered in),
+    which counts its updates and each actor's trajectories apart: one always-broken actor must stop
+    the run even while the others' data keeps the updates healthy."""
+
+    def __init__(self, run: RunConfig, last_checkpoint: Callable[[], Optional[int]] = lambda: None,
+                 out_dir: Optional[str] = None, unit: str = "iteration"):
+        self.skip = run.on_nonfinite == "skip"
+        self.limit = run.max_consecutive_skips
+        self.last_checkpoint, self.out_dir, self.unit = last_checkpoint, out_dir, unit
+        self.skipped: list[int] = []
+        self.consecutive: dict[str, int] = {}  # kind of skip ("iterations", "trajectories from actor1") -> in a row
+
+    def healthy(self, kind: str = "iterations") -> None:
+        self.consecutive[kind] = 0
+
+    def admit(self, where: int, finding: str, kind: str = "iterations") -> None:
+        """Raises `NonFiniteError` for `finding` (a sentence naming the stages) unless it may be
+        skipped; then counts it, and the caller drops the bad data and calls `warn`."""
+        if not self.skip:
+            raise NonFiniteError(f"{finding}. The run stopped before saving that state; {self._last_good()}. {ADVICE} "
+                                 f"(run.on_nonfinite='skip' skips such updates instead).")
+        in_a_row = self.consecutive.get(kind, 0)
+        if in_a_row >= self.limit:
+            raise NonFiniteError(
+                f"{finding}, after {in_a_row} skipped {kind} in a row (run.max_consecutive_skips={self.limit}), "
+                f"so the run stopped: skipping does not help here; {self._last_good()}. {ADVICE}.")
+        self.consecutive[kind] = in_a_row + 1
+        self.skipped.append(where)
+
+    def warn(self, finding: str, consequence: str, then: str = "", kind: str = "iterations") -> None:
+        warnings.warn(f"{finding}; {consequence} (run.on_nonfinite='skip'; {self.consecutive[kind]} in a row, of at "
+                      f"most run.max_consecutive_skips={self.limit}){then}.", NonFiniteWarning, stacklevel=3)
+
+    def _last_good(self) -> str:
+        step = self.last_checkpoint()
+        where = f" in {self.out_dir}" if self.out_dir else ""
+        if step is None:
+            return f"no checkpoint was saved before it{where}"
+        return f"the last good checkpoint is {self.unit} {step}{where}"
+
+
 class NonFiniteGuard:
     """Checks each iteration's health metrics; see the module docstring for what each setting does."""
 
     def __init__(self, executor: SequentialExecutor, run: RunConfig, last_checkpoint: Callable[[], Optional[int]],
                  out_dir: str):
         self.executor = executor
-        self.skip = run.on_nonfinite == "skip"
-        self.limit = run.max_consecutive_skips
-        self.last_checkpoint, self.out_dir = last_checkpoint, out_dir
-        self.skipped: list[int] = []
-        self.consecutive = 0
+        self.policy = NonFinitePolicy(run, last_checkpoint, out_dir)
+        self.skip = self.policy.skip
         self._previous = None
         if self.skip:
             self._copy = jax.jit(_copy)
             shardings = executor.state_sharding().env_state if executor.config.run.devices > 1 else None
             self._reset = jax.jit(lambda env_state, key: reset_broken_envs(executor.train_env, env_state, key),
                                   out_shardings=(shardings, None) if shardings is not None else None)
+
+    @property
+    def skipped(self) -> list[int]:
+        return self.policy.skipped
 
     def before_step(self, state: RunState) -> None:
         if self.skip:
@@ -81,34 +131,32 @@ class NonFiniteGuard:
         """The state to go on with: `state` itself, or after a skip the previous learner state."""
         bad = bad_stages(metrics)
         if not bad:
-            self.consecutive = 0
+            self.policy.healthy()
             return state
-        stages = ", ".join(bad)
-        if not self.skip:
-            raise NonFiniteError(
-                f"Iteration {iteration} produced NaN or Inf in: {stages}. The run stopped before saving that state; "
-                f"the last good checkpoint is iteration {self.last_checkpoint()} in {self.out_dir}. Check the env's "
-                f"observations and rewards, or lower ppo.learning_rate / set ppo.max_grad_norm "
-                f"(run.on_nonfinite='skip' skips such updates instead).")
-        if self.consecutive >= self.limit:
-            raise NonFiniteError(
-                f"Iteration {iteration} produced NaN or Inf in: {stages}, after {self.consecutive} skipped iterations "
-                f"in a row (run.max_consecutive_skips={self.limit}), so the run stopped; skipping does not help here. "
-                f"The last good checkpoint is iteration {self.last_checkpoint()} in {self.out_dir}. Check the env's "
-                f"observations and rewards, or lower ppo.learning_rate / set ppo.max_grad_norm.")
-        self.consecutive += 1
-        self.skipped.append(iteration)
+        finding = f"Iteration {iteration} produced NaN or Inf in: {', '.join(bad)}"
+        self.policy.admit(iteration, finding)
         if hasattr(self.executor, "materialize"):  # group processes hold the live env state
             state = self.executor.materialize(state)
         key, reset_key = jax.random.split(state.key)
         env_state, reset = self._reset(state.env_state, reset_key)
         if hasattr(self.executor, "reload"):  # they go on from the reset envs and the new key
             self.executor.reload()
-        warnings.warn(f"Iteration {iteration} produced NaN or Inf in: {stages}; its update was skipped "
-                      f"(run.on_nonfinite='skip'; {self.consecutive} in a row, of at most "
-                      f"run.max_consecutive_skips={self.limit}) and {int(reset)} env(s) with a non-finite state "
-                      f"were reset.", NonFiniteWarning, stacklevel=2)
+        self.policy.warn(finding, "its update was skipped",
+                         f" and {int(reset)} env(s) with a non-finite state were reset")
         return state.replace(learner=self._previous, env_state=env_state, key=key)
 
     def metrics(self) -> dict[str, float]:
         return {"train/skipped_updates": float(len(self.skipped))} if self.skip else {}
+
+
+def params_health(params) -> dict[str, jax.Array]:
+    """The health flag of an update's parameters (1.0: all finite), as the synchronous step reports it."""
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(params)]))
+    return {"health/sgd_step_params": finite.astype(jnp.float32)}
+
+
+def trajectory_stages(unrolls: dict) -> list[str]:
+    """The stages whose output in a trajectory (host arrays, `[U, T, G, E, ...]`) holds NaN or Inf."""
+    observations = [unrolls[k] for k in ("obs", "last_obs", "final_obs") if k in unrolls]
+    bad = [] if all(np.isfinite(x).all() for x in observations) else ["env_step_observations"]
+    return bad + ([] if np.isfinite(unrolls["reward"]).all() else ["env_step_rewards"])

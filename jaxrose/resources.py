@@ -1,21 +1,46 @@
-"""The asynchronous mode's resource manager: SM quotas and CPU cores for actors and the learner.
+"""The asynchronous mode's resource manager: SM quotas, CPU cores and batch sizes of the actors
+and the learner.
 
 Two halves. `decide` is the policy, a pure function of one interval's measurements: when the
 learner starves (waits for trajectories), the slowest actor gets one SM level more and a core;
 when trajectories queue up, the fastest actor gives one level up (freeing SMs for the learner,
 which is the controller process and stays uncapped) and a core to the learner. A signal must
 persist for `patience` intervals, and after a change `cooldown` intervals pass unmeasured before
-signals count again, so a noisy measurement or a change's transient does not make quotas flap. `ResourceManager` is the mechanism: it measures,
-calls `decide`, pins cores with `os.sched_setaffinity`, and has the trainer restart an actor whose
-quota changed (an MPS quota is fixed for a process's life). Every decision, with the measurements
-behind it, goes to a JSONL log and to the run's result. Without MPS a quota cannot take effect:
-the actor is still restarted (the same path) and the log says the quota was not applied.
+signals count again, so a noisy measurement or a change's transient does not make quotas flap.
+`ResourceManager` is the mechanism: it measures, calls `decide`, pins cores with
+`os.sched_setaffinity`, and has the trainer restart an actor whose quota changed (an MPS quota is
+fixed for a process's life). Every decision, with the measurements behind it, goes to a JSONL log
+and to the run's result. Without MPS a quota cannot take effect: the actor is still restarted (the
+same path) and the log says the quota was not applied.
+
+Batch sizes (`run.resources.group_levels`). An actor's batch is the number of env groups it steps;
+each trajectory it sends holds them all, and the learner consumes whole trajectories, so every
+sample's lag is its trajectory's and the lag bound holds across a change as before. The learner's
+batch is the trajectories an update takes: with lag >= 1 usually one actor's, so it compiles once
+per level (and per sum of levels when several actors must be taken together), never per change.
+The batch is the first lever when the signal concerns all actors alike: starving with no straggler
+(the actors together produce too little) grows the smallest batch, the most efficient per group
+first, one level, where the device may have room for more envs at the same quota; a backlog
+shrinks the largest batch (less to learn per update, fresher data). A growth is on probation: if
+the actor's throughput (groups per second of rollout) did not rise `grow_gain` times, the device
+had no room, so it is undone and that size becomes the actor's ceiling. Stragglers, and batches at
+their limits, are left to the quotas and cores. The policy lag is not a batch signal: measured in
+updates it is set by the actor count and the bound (equal actors sit at min(bound, actors - 1)
+whatever their batches), and a binding bound shows as the learner waiting, i.e. starving. The
+trainer sends a new size with the actor's next parameters; new groups' envs are reset from a key
+folded from the actor and the update (`AsyncTrainer.resize_actor`); the log gets the decision and
+a `resize` record when it is sent.
+
+Rollout times come from the actors' own clocks (the learner's delays in reading a trajectory are
+not the actor's speed); an actor's first rollout after a start, restart or resize compiles and is
+left out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -29,7 +54,9 @@ class Measurements:
     """One interval of runtime feedback."""
 
     rollout_seconds: tuple[float, ...]
-    """Per actor: mean seconds from parameters sent to trajectory received (nan: none finished)."""
+    """Per actor: mean seconds a rollout took, on the actor's clock from parameters in to trajectory
+    ready to send (the learner's own delays excluded; nan: none finished). An actor's first rollout
+    after a start, restart or resize compiles and is left out."""
     learner_wait_fraction: float
     """Share of the interval the learner waited for trajectories."""
     queue_depth: float
@@ -45,14 +72,21 @@ class Allocation:
     """Per actor, an SM percentage from the configured levels."""
     actor_cores: tuple[tuple[int, ...], ...]
     learner_cores: tuple[int, ...]
+    groups: tuple[int, ...] = ()
+    """Per actor, the env groups it steps (its batch size); empty where batch sizes are not managed."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyState:
-    """What `decide` remembers between intervals: how long each signal has lasted, and the cooldown."""
+    """What `decide` remembers between intervals: how long each signal has lasted, the cooldown,
+    a grown batch waiting for its throughput to be judged, and the batch sizes found to be ceilings."""
 
     streaks: tuple[tuple[str, int], ...] = ()
     cooldown: int = 0
+    trial: Optional[tuple[int, int, float]] = None
+    """(actor, its groups before growing, its throughput then in groups per second of rollout)."""
+    ceilings: tuple[tuple[int, int], ...] = ()
+    """(actor, groups): a growth beyond that size gained nothing, so the actor grows no further."""
 
 
 def initial_allocation(config: ResourceConfig, num_actors: int, cores: list[int]) -> Allocation:
@@ -68,6 +102,78 @@ def initial_allocation(config: ResourceConfig, num_actors: int, cores: list[int]
     return Allocation((quota,) * num_actors, tuple(per_actor), learner)
 
 
+def _decision(process: str, kind: str, before, after, reason: str, signal: Optional[str], m: Measurements) -> dict:
+    measured = {**dataclasses.asdict(m), "rollout_seconds": [s if s == s else None for s in m.rollout_seconds]}
+    return {"process": process, "kind": kind, "before": before, "after": after, "reason": reason,
+            "signal": signal, "measurements": measured}
+
+
+def _level_above(levels: tuple[int, ...], groups: int) -> Optional[int]:
+    return next((g for g in levels if g > groups), None)
+
+
+def _level_below(levels: tuple[int, ...], groups: int) -> Optional[int]:
+    return next((g for g in reversed(levels) if g < groups), None)
+
+
+def _with_groups(allocation: Allocation, actor: int, size: int) -> Allocation:
+    groups = tuple(size if i == actor else g for i, g in enumerate(allocation.groups))
+    return dataclasses.replace(allocation, groups=groups)
+
+
+def _judge_growth(m: Measurements, allocation: Allocation, state: PolicyState, config: ResourceConfig):
+    """None if the batch on trial earned its keep; else what `decide` returns: wait for a
+    measurement, or shrink it back and make the old size that actor's ceiling."""
+    actor, before, throughput = state.trial
+    seconds = m.rollout_seconds[actor]
+    if seconds != seconds:  # no rollout at the new size finished in this interval: judge the next
+        return allocation, dataclasses.replace(state, streaks=()), []
+    size = allocation.groups[actor]
+    now = size / seconds
+    if now >= config.grow_gain * throughput:
+        return None
+    reason = (f"actor{actor}'s rollout throughput went from {throughput:.3g} to {now:.3g} groups/s when its batch "
+              f"grew from {before} to {size} groups, less than run.resources.grow_gain={config.grow_gain:g} times: "
+              f"the device has no room for more envs, so it goes back to {before} and grows no further")
+    ceilings = tuple(sorted({**dict(state.ceilings), actor: before}.items()))
+    return (_with_groups(allocation, actor, before), PolicyState((), config.cooldown, None, ceilings),
+            [_decision(f"actor{actor}", "groups", size, before, reason, "no_gain", m)])
+
+
+def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, config: ResourceConfig,
+                  starving: bool, straggler: bool, seconds: list[float]) -> Optional[tuple[int, int, str]]:
+    """(actor, new groups, reason) when a batch size is the lever to pull, else None. Starving with
+    no straggler: the actors together are too slow, so the smallest measured batch that may grow
+    (below the top level and the actor's ceiling) grows one level; the quotas are for stragglers.
+    Backlog: the largest batch above the lowest level shrinks one level."""
+    levels, groups = config.group_levels, allocation.groups
+    if not (levels and groups):
+        return None
+    per_group = [s / g for s, g in zip(seconds, groups)]
+    if starving and not straggler:
+        caps = dict(state.ceilings)
+        above = [_level_above(levels, g) for g in groups]
+        growable = [i for i in range(len(groups))  # measured: the verdict needs its throughput before
+                    if math.isfinite(seconds[i]) and above[i] is not None and above[i] <= caps.get(i, levels[-1])]
+        if not growable:
+            return None
+        actor = min(growable, key=lambda i: (groups[i], per_group[i]))
+        size = above[actor]
+        finished = [s for s in seconds if math.isfinite(s)]
+        return actor, size, (f"learner waited {m.learner_wait_fraction:.0%} of the interval and no actor lags the "
+                             f"others (rollouts {min(finished):.3g}-{max(finished):.3g} s): actor{actor}'s batch grows "
+                             f"from {groups[actor]} to {size} groups, kept if its throughput rises")
+    if starving:
+        return None
+    shrinkable = [i for i, g in enumerate(groups) if _level_below(levels, g) is not None]
+    if not shrinkable:
+        return None
+    actor = max(shrinkable, key=lambda i: (groups[i], per_group[i]))
+    size = _level_below(levels, groups[actor])
+    return actor, size, (f"{m.queue_depth:.2g} trajectories waited on average for the learner: actor{actor}'s batch "
+                         f"shrinks from {groups[actor]} to {size} groups (less to learn per update, fresher data)")
+
+
 def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: ResourceConfig
            ) -> tuple[Allocation, PolicyState, list[dict]]:
     """The next allocation, the policy's memory, and the decisions taken (each a dict with the
@@ -79,23 +185,33 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
                and m.queue_depth >= config.queue_fraction * len(m.rollout_seconds))
     signal = "starving" if starving else "backlog" if backlog else None
     if state.cooldown > 0:  # a change's effect is still settling: its measurements count for nothing
-        return allocation, PolicyState((), state.cooldown - 1), []
+        return allocation, dataclasses.replace(state, streaks=(), cooldown=state.cooldown - 1), []
+    if state.trial is not None:
+        judged = _judge_growth(m, allocation, state, config)
+        if judged is not None:
+            return judged
+        state = dataclasses.replace(state, trial=None)
     streaks = {signal: dict(state.streaks).get(signal, 0) + 1} if signal else {}
     if signal is None or streaks[signal] < config.patience or len(rates) < 1:
-        return allocation, PolicyState(tuple(streaks.items()), 0), []
+        return allocation, dataclasses.replace(state, streaks=tuple(streaks.items()), cooldown=0), []
     seconds = [s if s == s else float("inf") for s in m.rollout_seconds]  # none finished: slower than any
     slowest = max(range(len(seconds)), key=lambda i: seconds[i])
     fastest = min(range(len(seconds)), key=lambda i: seconds[i])
     others = [s for i, s in enumerate(seconds) if i != slowest] or seconds
     straggler = seconds[slowest] >= config.slow_ratio * statistics.median(others)
-    measured = {**dataclasses.asdict(m), "rollout_seconds": [s if s == s else None for s in m.rollout_seconds]}
+    batch = _batch_change(m, allocation, state, config, starving, straggler, seconds)
+    if batch is not None:  # one lever at a time, so that its effect can be measured
+        actor, size, reason = batch
+        before = allocation.groups[actor]
+        trial = (actor, before, before / seconds[actor]) if size > before else None
+        return (_with_groups(allocation, actor, size), PolicyState((), config.cooldown, trial, state.ceilings),
+                [_decision(f"actor{actor}", "groups", before, size, reason, signal, m)])
     decisions: list[dict] = []
     quotas, actor_cores, learner_cores = list(allocation.sm_quotas), list(allocation.actor_cores), allocation.learner_cores
     levels = config.sm_levels
 
     def record(process: str, kind: str, before, after, reason: str) -> None:
-        decisions.append({"process": process, "kind": kind, "before": before, "after": after, "reason": reason,
-                          "signal": signal, "measurements": measured})
+        decisions.append(_decision(process, kind, before, after, reason, signal, m))
 
     if starving:
         why = (f"learner waited {m.learner_wait_fraction:.0%} of the interval; actor{slowest}'s rollouts take "
@@ -132,8 +248,8 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
                        f"{why}: core {moved} from actor{fastest}")
                 learner_cores = tuple(sorted({*learner_cores, moved}))
                 actor_cores[fastest] = actor_cores[fastest][:-1]
-    new = Allocation(tuple(quotas), tuple(actor_cores), learner_cores)
-    return new, PolicyState((), config.cooldown if decisions else 0), decisions
+    new = Allocation(tuple(quotas), tuple(actor_cores), learner_cores, allocation.groups)
+    return new, dataclasses.replace(state, streaks=(), cooldown=config.cooldown if decisions else 0), decisions
 
 
 class ResourceManager:
@@ -149,7 +265,10 @@ class ResourceManager:
         self.state = PolicyState()
         self.decisions: list[dict] = []
         self._log = open(log_path, "a") if log_path else None
-        self._pending: dict[int, int] = {}
+        self._pending: dict[int, int] = {}  # actor -> SM quota waiting for its restart
+        self._pending_groups: dict[int, int] = {}  # actor -> batch size waiting for its next parameters
+        self._warming: set[int] = set()  # actors whose next rollout compiles (new process or shape)
+        self._resizing: set[int] = set()  # actors decided a new batch size, still rolling out the old one
         self._reset_window(time.perf_counter())
         self._trainer = None
 
@@ -164,6 +283,9 @@ class ResourceManager:
 
     def start(self, trainer) -> None:
         self._trainer = trainer
+        if self.config.group_levels:  # the actors' sizes, as started or restored from a checkpoint
+            self.allocation = dataclasses.replace(self.allocation, groups=tuple(trainer.groups))
+        self._warming = set(range(self.num_actors))  # first rollouts compile: not the actors' speed
         self._pin("learner", 0, self.allocation.learner_cores)
         for i, actor in enumerate(trainer.actors):
             self._pin(f"actor{i}", actor.process.pid, self.allocation.actor_cores[i])
@@ -175,6 +297,11 @@ class ResourceManager:
         os.sched_setaffinity(pid, set(cores))
 
     def on_trajectory(self, index: int, seconds: float) -> None:
+        if index in self._resizing:  # the old batch size: not what the next verdict is about
+            return
+        if index in self._warming:  # that rollout paid for a compile: not a measure of the actor's speed
+            self._warming.discard(index)
+            return
         self._rollouts[index].append(seconds)
 
     def on_update(self, now: float, lags: list[int], queue_depth: int, waited: float) -> None:
@@ -200,6 +327,10 @@ class ResourceManager:
                 pid = 0 if index is None else self._trainer.actors[index].process.pid
                 self._pin(decision["process"], pid, decision["after"])
                 decision["applied"] = True
+            elif decision["kind"] == "groups":  # sent with the actor's next parameters
+                self._pending_groups[index] = decision["after"]
+                self._resizing.add(index)
+                decision["applied"] = "with the actor's next parameters"
             else:  # a quota takes a restart, done by the trainer between that actor's rollouts
                 self._pending[index] = decision["after"]
                 decision["applied"] = "pending restart"
@@ -214,7 +345,19 @@ class ResourceManager:
         self._applies = applied
         return env
 
+    def resize_to(self, index: int) -> Optional[int]:
+        """The batch size (env groups) to send actor `index` with its next parameters, if it changed."""
+        return self._pending_groups.pop(index, None)
+
+    def resized(self, index: int, before: int, groups: int, update: int) -> None:
+        self._resizing.discard(index)
+        self._warming.add(index)
+        reason = f"sent with the parameters of update {update}: the actor's next trajectory holds {groups} env group(s)"
+        self._write({"process": f"actor{index}", "kind": "resize", "before": before, "after": groups,
+                     "update": update, "reason": reason})
+
     def restarted(self, index: int, seconds: float) -> None:
+        self._warming.add(index)
         quota = self._pending.pop(index)
         pid = self._trainer.actors[index].process.pid
         self._pin(f"actor{index}", pid, self.allocation.actor_cores[index])

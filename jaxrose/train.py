@@ -77,7 +77,8 @@ class TrainResult:
 def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Optional[SequentialExecutor] = None,
           write_outputs: bool = True) -> TrainResult:
     """Trains with PPO, on the sequential executor or on the plan in `run.plan`, and returns the
-    final state and metrics.
+    final state and metrics. In asynchronous mode (`run.mode='async'`) only `executor.env` is
+    used: the env the actors step (e.g. a fault injector).
 
     Outputs (metrics.jsonl, TensorBoard events, checkpoints/, learning_curve.png) go to
     `config.run.out_dir` when `write_outputs` is true. Over several processes (`jaxrose.distributed`)
@@ -92,7 +93,7 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     if config.run.mode == "async":
         from jaxrose.async_train import train_async
 
-        return train_async(config, callbacks, write_outputs)
+        return train_async(config, callbacks, write_outputs, env=executor.env if executor is not None else None)
     # Worker processes (and MPS) must be set up before this process touches its GPU.
     plan = Plan.load(config.run.plan) if config.run.plan else None
     helpers = {p: dict(plan.quotas).get(p) for p in plan.processes if p != MAIN} if plan else {}

@@ -59,3 +59,35 @@ def test_train_async_resumes_with_run_resume(tiny_config, tmp_path):
     _assert_same(full.state.learner, resumed.state.learner)
     assert sorted(int(p.name) for p in (tmp_path / "b" / "checkpoints").iterdir() if p.name.isdigit()) == [4]
     assert not multiprocessing.active_children()
+
+
+def test_a_resized_actors_batch_size_survives_a_checkpoint(tiny_config, tmp_path):
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.max_policy_lag": 0})
+    trainer = AsyncTrainer(config, num_actors=2, max_lag=0)
+    try:
+        initial = trainer.template()  # 1 group per actor: the shapes the restore is given
+        trainer.resize_actor(0, 2, update=0)
+        snapshots = []
+        first = trainer.run(updates=2, on_snapshot=snapshots.append)
+        checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
+        saver = async_checkpoint.BackgroundSaver(checkpointer, config)
+        saver(snapshots[-1])
+        saver.wait()
+        restored = async_checkpoint.restore(checkpointer, initial, config)
+        assert [jax.tree.leaves(env_state)[0].shape[:2] for env_state, _ in restored.actors] == [(2, 16), (1, 16)]
+        _assert_same(snapshots[-1].actors, restored.actors)
+        resumed = trainer.run(updates=4, start=restored)
+    finally:
+        trainer.close()
+    assert first.trajectory_groups == [(0, 2), (1, 1)] * 2  # lag 0: each update takes both, in actor order
+    assert resumed.trajectory_groups == [(0, 2), (1, 1)] * 2 and resumed.groups_per_actor == [2, 1]
+    assert resumed.env_steps == 2 * 3 * config.env_steps_per_iteration // config.env.num_groups
+    assert not multiprocessing.active_children()
+
+
+def test_zero_size_leaves_take_the_restored_group_count():
+    # orbax does not save zero-size leaves (MJX's `act` without actuator state); they come from the
+    # template, which may hold another group count than the restored state.
+    restored = {"qpos": np.ones((2, 16, 3)), "act": np.zeros((1, 16, 0))}
+    fitted = async_checkpoint._fit_empty_leaves(restored)
+    assert fitted["act"].shape == (2, 16, 0) and fitted["qpos"] is restored["qpos"]

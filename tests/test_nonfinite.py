@@ -1,14 +1,19 @@
 """NaN/Inf per setting (`run.on_nonfinite`): stop naming the stage, or skip the update and go on.
 
-Fault injectors: an env whose observations turn NaN for a few steps, and an infinite learning rate.
-The tiny run has 4 iterations of 16 env steps each (2 unrolls of 8).
+Fault injectors: an env whose observations (or rewards) turn NaN after some steps, and an infinite
+learning rate. The tiny run has 4 iterations of 16 env steps each (2 unrolls of 8). In asynchronous
+mode its 2 actors each own 1 group of 16 envs and send trajectories of 16 steps: 8 trajectories.
 """
+
+import contextlib
+import multiprocessing
+import re
 
 import jax
 import numpy as np
 import pytest
 
-from fault_envs import NaNObservationsBetween
+from fault_envs import NaNObservationsBetween, NaNRewardAfter
 from jaxrose import train
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import ConfigError, RunConfig, replace
@@ -93,3 +98,100 @@ def test_skip_with_groups_spread_over_processes_equals_sequential(tiny_config, t
     assert results["sequential"].skipped_iterations == results["spread"].skipped_iterations == [3]
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(results["spread"].state.learner),
                  jax.device_get(results["sequential"].state.learner))
+
+
+def async_config(config, tmp_path, mode, **changes):
+    return replace(config, **{"run.mode": "async", "run.actors": 2, "run.max_policy_lag": 1, "run.on_nonfinite": mode,
+                              "run.checkpoint_every": 1, "run.keep_checkpoints": 10, "run.num_evals": 2,
+                              "run.out_dir": str(tmp_path), **changes})
+
+
+def saved_steps(out_dir) -> dict[int, dict]:
+    """Every checkpoint on disk, as saved (flat {path: array}), by step."""
+    import orbax.checkpoint as ocp
+
+    folder = out_dir / "checkpoints"
+    with ocp.CheckpointManager(str(folder)) as manager:
+        return {step: manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+                for step in manager.all_steps()}
+
+
+def assert_all_finite(steps: dict[int, dict]) -> None:
+    for step, arrays in steps.items():
+        for path, x in arrays.items():
+            assert np.isfinite(x).all() or not np.issubdtype(x.dtype, np.inexact), (step, path)
+
+
+# Each actor's third trajectory (steps 33-48 of its envs) holds the NaN (NaN observations make NaN
+# actions, so the rewards follow); the first four updates, two trajectories per actor, are good,
+# and a checkpoint is due every 2 updates (512 env steps).
+@pytest.mark.parametrize("fault, stage", [(NaNObservationsBetween(36, 38), "env_step_observations"),
+                                          (NaNRewardAfter(35), "env_step_rewards")])
+def test_async_nan_in_a_trajectory_stops_naming_the_stage_and_keeps_the_last_good_checkpoint(
+        tiny_config, tmp_path, fault, stage):
+    config = async_config(tiny_config, tmp_path, "stop")
+    with pytest.raises(NonFiniteError, match=rf"Update 5 received NaN or Inf in: {stage}[^(]* \(actor[01]'s trajectory, "
+                                             rf"collected with the parameters of update 3\)") as caught:
+        train(config, executor=SequentialExecutor(config, env=fault))
+    named = int(re.search(r"last good checkpoint is update (\d+)", str(caught.value)).group(1))
+    steps = saved_steps(tmp_path)
+    # The snapshot after update 4 may still have been waiting for an actor's state: 2 or 4.
+    assert named in (2, 4) and max(steps) == named
+    assert_all_finite(steps)  # no checkpoint holds the bad data or an env state it came from
+    assert not multiprocessing.active_children()
+
+
+def test_async_nan_observations_skip_the_trajectory_and_reset_the_actors_broken_envs(tiny_config, tmp_path):
+    config = async_config(tiny_config, tmp_path, "skip")
+    with pytest.warns(NonFiniteWarning, match=r"Update 5 received NaN or Inf in: env_step_observations.*dropped and "
+                                              r"actor[01]'s envs with a non-finite state are reset") as caught:
+        result = train(config, executor=SequentialExecutor(config, env=NaNObservationsBetween(36, 38)))
+    warned = [str(w.message) for w in caught if issubclass(w.category, NonFiniteWarning)]
+    assert len(warned) == 2 and all("1 in a row" in w for w in warned)  # counted per actor
+    # Both actors' third trajectories were dropped; the reset envs gave finite data afterwards,
+    # and the dropped env steps count against the budget as a skipped synchronous iteration does.
+    run = result.async_result
+    assert result.skipped_iterations == [5, 5] and sorted(s["actor"] for s in run.skipped) == [0, 1]
+    assert run.updates == 6 and run.env_steps == config.num_iterations * config.env_steps_per_iteration
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(run.learner))
+    steps = saved_steps(tmp_path)
+    assert max(steps) == 6
+    assert_all_finite(steps)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_async_nonfinite_update_stops_naming_sgd_step_params(tiny_config, tmp_path, mode):
+    # An infinite learning rate breaks every update: stop at the first, or skip two and then stop.
+    config = async_config(tiny_config, tmp_path, mode, **{"ppo.learning_rate": float("inf"),
+                                                          "run.max_consecutive_skips": 2})
+    expected = (r"Update 1 produced NaN or Inf in: sgd_step_params.*" +
+                (r"after 2 skipped updates in a row.*" if mode == "skip" else "") +
+                r"no checkpoint was saved before it")
+    with pytest.warns(NonFiniteWarning) if mode == "skip" else contextlib.nullcontext([]) as caught:
+        with pytest.raises(NonFiniteError, match=expected):
+            train(config)
+    if mode == "skip":
+        assert len([w for w in caught if issubclass(w.category, NonFiniteWarning)]) == 2
+        assert "it was skipped (the parameters stay those of update 0)" in str(caught[0].message)
+    assert not (tmp_path / "checkpoints").exists() or saved_steps(tmp_path) == {}
+    assert not multiprocessing.active_children()
+
+
+def test_async_skips_are_counted_per_actor_and_for_updates_apart():
+    # An actor whose every trajectory is broken stops the run even while the other actors' data
+    # keeps the updates healthy; a healthy trajectory from that actor starts its count again.
+    from jaxrose.nonfinite import NonFinitePolicy
+
+    policy = NonFinitePolicy(RunConfig(on_nonfinite="skip", max_consecutive_skips=2), unit="update")
+    broken = "trajectories from actor1"
+    for update in (1, 2):
+        policy.admit(update, f"Update {update} received NaN", broken)
+        policy.healthy("trajectories from actor0")
+        policy.healthy("updates")
+    with pytest.raises(NonFiniteError, match=r"Update 3 received NaN, after 2 skipped trajectories from actor1 in a "
+                                             r"row .*no checkpoint was saved before it"):
+        policy.admit(3, "Update 3 received NaN", broken)
+    policy.healthy(broken)
+    policy.admit(4, "Update 4 received NaN", broken)
+    assert policy.skipped == [1, 2, 4]

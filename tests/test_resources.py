@@ -1,5 +1,6 @@
 """The resource manager: its policy on hand-worked scenarios, and the mechanism on a real async run."""
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -122,5 +123,146 @@ def test_manager_on_a_real_run_restarts_the_slow_actor_and_pins_cores(tiny_confi
     assert "not in effect" in restart["reason"] and restart["pid"] != pids[1]
     after = [s for s in seen if s[2][1] == restart["pid"]]
     assert after and after[-1][1][1] == set(cores[1:])  # the new process is pinned too
+    assert [json.loads(line) for line in log.read_text().splitlines()] == decisions
+    assert not multiprocessing.active_children()
+
+
+# Per-actor batch sizes (env groups per actor), on hand-worked scenarios. Two actors at 2 groups,
+# levels 1, 2, 4; a grown batch must raise its actor's throughput (groups per second) 1.2 times.
+BATCH = ResourceConfig(manager="on", sm_levels=(25, 50, 75, 100), patience=2, cooldown=2,
+                       group_levels=(1, 2, 4), grow_gain=1.2)
+EVEN_STARVING = _m([0.20, 0.18], wait=0.6, depth=0.1)  # 0.20 < 1.5 x 0.18: no straggler, the actors are just few
+
+
+def _groups(decisions):
+    return [(d["process"], d["before"], d["after"]) for d in decisions if d["kind"] == "groups"]
+
+
+def test_starving_without_a_straggler_grows_the_most_efficient_smallest_batch_and_keeps_it_if_it_pays():
+    allocation = Allocation((50, 50), ((2,), (3,)), (0,), groups=(2, 2))
+    # actor1 at 4 groups: 4 / 0.25 = 16 groups/s against 2 / 0.18 = 11.1 before, 1.44x >= 1.2x: kept.
+    paid = _m([0.20, 0.25], wait=0.6, depth=0.1)
+    state, history = PolicyState(), []
+    for m in [EVEN_STARVING] * 4 + [paid, EVEN_STARVING]:  # grow, cooldown x2, verdict, grow
+        allocation, state, decisions = decide(m, allocation, state, BATCH)
+        history.append(decisions)
+    # Patience 2: the second starving interval acts. Both at 2 groups; actor1 does a group in
+    # 0.09 s, actor0 in 0.10 s, so actor1 grows. One lever at a time: no quota or core moves.
+    assert history[0] == [] and _groups(history[1]) == [("actor1", 2, 4)] and len(history[1]) == 1
+    assert "no actor lags" in history[1][0]["reason"]
+    assert history[1][0]["measurements"]["learner_wait_fraction"] == 0.6
+    assert history[2] == history[3] == []  # cooldown
+    # The trial passes (no decision); the starving streak starts again, so nothing else yet either.
+    assert history[4] == [] and history[5] != []
+    # Then actor0, the smaller batch now, grows; actor1 is at the top level.
+    assert _groups(history[5]) == [("actor0", 2, 4)]
+    assert allocation.groups == (4, 4) and allocation.sm_quotas == (50, 50)
+
+
+def test_a_growth_that_does_not_pay_is_undone_and_becomes_the_actors_ceiling():
+    allocation = Allocation((50, 50), ((2,), (3,)), (0,), groups=(2, 2))
+    # actor1 at 4 groups: 4 / 0.36 = 11.1 groups/s, no better than 2 / 0.18 = 11.1: the device had no room.
+    no_gain = _m([0.20, 0.36], wait=0.6, depth=0.1)
+    unmeasured = _m([0.20, NAN], wait=0.6, depth=0.1)
+    state, history = PolicyState(), []
+    # grow, cooldown x2, no verdict yet, undo, cooldown x2, patience, grow
+    for m in [EVEN_STARVING] * 4 + [unmeasured, no_gain] + [EVEN_STARVING] * 4:
+        allocation, state, decisions = decide(m, allocation, state, BATCH)
+        history.append(decisions)
+    assert _groups(history[1]) == [("actor1", 2, 4)]
+    assert history[4] == []  # no rollout at the new size finished: the verdict waits
+    assert _groups(history[5]) == [("actor1", 4, 2)] and history[5][0]["signal"] == "no_gain"
+    assert "no room" in history[5][0]["reason"]
+    assert dict(state.ceilings) == {1: 2}
+    assert history[6] == history[7] == history[8] == []  # cooldown, then the patience again
+    # actor1 is capped at 2, so actor0 grows, although actor1 is the more efficient one.
+    assert _groups(history[9]) == [("actor0", 2, 4)]
+    assert allocation.groups == (4, 2)
+
+
+def test_batch_sizes_stay_within_the_levels_and_leave_stragglers_to_the_quotas():
+    # At the top level no batch can grow: the starving actors get SMs and cores, as without batch sizes.
+    top = Allocation((50, 50), ((2,), (3,)), (0, 1), groups=(4, 4))
+    new, history = _run([EVEN_STARVING] * 2, top, BATCH)
+    assert _groups(history[1]) == [] and any(d["kind"] == "sm_quota" for d in history[1])
+    assert new.groups == (4, 4)
+    # A straggler starving the learner is the quotas' business even where its batch could grow.
+    straggling = Allocation((50, 50), ((2,), (3,)), (0, 1), groups=(1, 1))
+    new, history = _run([_m([0.1, 0.4], wait=0.6, depth=0.2)] * 2, straggling, BATCH)
+    assert _groups(history[1]) == [] and new.sm_quotas == (25, 75) and new.groups == (1, 1)
+    # Without group levels nothing about batches changes at all.
+    new, history = _run([EVEN_STARVING] * 2, Allocation((50, 50), ((2,), (3,)), (0, 1), groups=(2, 2)), CONFIG)
+    assert _groups(history[1]) == [] and new.groups == (2, 2)
+
+
+def test_a_backlog_shrinks_the_largest_batch_down_to_the_lowest_level_then_moves_sms():
+    allocation = Allocation((50, 50), ((2, 3), (4,)), (0,), groups=(2, 4))
+    backlog = _m([0.1, 0.2], wait=0.02, depth=1.5)
+    new, history = _run([backlog] * 2, allocation, BATCH)
+    assert _groups(history[1]) == [("actor1", 4, 2)] and len(history[1]) == 1
+    assert "shrinks" in history[1][0]["reason"]
+    assert new == Allocation((50, 50), ((2, 3), (4,)), (0,), groups=(2, 2))
+    # All at the lowest level: the fastest actor gives SMs and a core to the learner, as before.
+    new, history = _run([backlog] * 2, dataclasses.replace(allocation, groups=(1, 1)), BATCH)
+    assert _groups(history[1]) == [] and new.sm_quotas == (25, 50) and new.learner_cores == (0, 3)
+
+
+def test_batch_settings_are_validated(tiny_config):
+    from jaxrose.async_mode import AsyncTrainer
+
+    with pytest.raises(ConfigError, match=r"run.resources.group_levels must be increasing env group counts"):
+        ResourceConfig(group_levels=(2, 1))
+    with pytest.raises(ConfigError, match="run.resources.grow_gain must be >= 1"):
+        ResourceConfig(grow_gain=0.5)
+    on = ResourceConfig(manager="on", group_levels=(2, 4))
+    config = replace(tiny_config, **{"run.mode": "async", "run.resources": on})
+    with pytest.raises(ConfigError, match=r"group_levels \(2, 4\) must include the actors' starting batch, "
+                                          r"env.num_groups / actors = 1"):
+        AsyncTrainer(config, num_actors=2, max_lag=1)
+    # 32 groups of one env, 2 unrolls each: a 1-group batch is 2 segments, not 4 minibatches' worth.
+    levels = ResourceConfig(manager="on", group_levels=(1, 16))
+    config = replace(config, **{"env.num_groups": 32, "run.resources": levels})
+    with pytest.raises(ConfigError, match=r"A batch of 1 group\(s\) per actor \(run.resources.group_levels\) holds 2 "
+                                          r"segments, not a multiple of ppo.num_minibatches \(4\)"):
+        AsyncTrainer(config, num_actors=2, max_lag=1)
+
+
+def test_manager_grows_an_actors_batch_in_a_real_run_and_its_trajectories_follow(tiny_config, tmp_path):
+    from jaxrose.async_mode import AsyncTrainer
+    from jaxrose.resources import ResourceManager, quota_env
+
+    # Both actors equally slow (0.3 s a rollout): the learner starves with no straggler, so batches
+    # grow from 1 group (16 envs) to 2. One SM level: no quota can move.
+    resources = ResourceConfig(manager="on", interval=1.0, sm_levels=(50,), patience=1, cooldown=1,
+                               group_levels=(1, 2))
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
+    log = tmp_path / "resources.jsonl"
+    manager = ResourceManager(resources, 2, quota_env(use_mps=True, compile_cache=None), str(log))
+    trainer = AsyncTrainer(config, num_actors=2, max_lag=1, actor_delays={0: 0.3, 1: 0.3})
+    seen = []
+    try:
+        result = trainer.run(updates=30, manager=manager,
+                             on_update=lambda u, s, learner, info: seen.append(info["groups_per_actor"]))
+    finally:
+        trainer.close()
+        manager.close()
+    decisions = result.resource_decisions
+    grown = [d for d in decisions if d["kind"] == "groups"]
+    assert grown and (grown[0]["before"], grown[0]["after"]) == (1, 2), decisions
+    assert grown[0]["measurements"]["learner_wait_fraction"] >= resources.starve_fraction
+    actor = int(grown[0]["process"][5:])
+    resize = next(d for d in decisions if d["kind"] == "resize" and d["process"] == f"actor{actor}")
+    assert (resize["before"], resize["after"]) == (1, 2)
+    # The actor's trajectories, read from their arrays: 1 group until the change, 2 from then on.
+    sizes = [g for i, g in result.trajectory_groups if i == actor]
+    switch = sizes.index(2)
+    assert switch >= 1 and set(sizes[:switch]) == {1} and set(sizes[switch:]) == {2}, sizes
+    assert result.groups_per_actor[actor] == 2 and seen[-1][actor] == 2
+    # The lag bound holds across the change, and env steps count the groups each trajectory had.
+    assert max(result.lags) <= 1
+    steps_per_group = config.env_steps_per_iteration // config.env.num_groups
+    assert result.env_steps == steps_per_group * sum(g for _, g in result.trajectory_groups)
+    # The learner compiled for a few batch sizes only: 1 or 2 groups from one actor, or both actors at once.
+    assert set(result.learner_batch_segments) <= {32, 64, 96, 128}
     assert [json.loads(line) for line in log.read_text().splitlines()] == decisions
     assert not multiprocessing.active_children()
