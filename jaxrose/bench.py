@@ -37,10 +37,12 @@ import traceback
 import numpy as np
 from typing import Any, Callable, Optional
 
-SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "async")
+SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "tuned", "async")
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "tuned")
 SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential",
                  "overlapped": "jaxrose, evaluation overlapped (MPS process)",
                  "spread": "jaxrose, rollout groups spread over MPS processes + evaluation overlapped",
+                 "tuned": "jaxrose tuned (jaxrose tune's plan) + evaluation overlapped",
                  "async": "jaxrose asynchronous (actors, lag <= run.max_policy_lag)"}
 
 
@@ -49,6 +51,12 @@ SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequen
 
 def _setting(default, help: str, parse: Callable = str):
     return dataclasses.field(default=default, metadata={"help": help, "parse": parse})
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1", "yes")
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
@@ -63,8 +71,15 @@ class BenchConfig:
     total_env_steps: Optional[int] = _setting(None, "override the preset's env-step budget", int)
     num_evals: Optional[int] = _setting(None, "override the preset's number of evaluations (>= 3)", int)
     num_eval_envs: Optional[int] = _setting(None, "override the preset's evaluation env count", int)
-    systems: tuple[str, ...] = _setting(SYSTEMS, "comma list from: " + ",".join(SYSTEMS), _comma_list)
+    systems: tuple[str, ...] = _setting(DEFAULT_SYSTEMS, "comma list from: " + ",".join(SYSTEMS) + " (tuned runs "
+                                        "`jaxrose tune` first, so it is asked for by name)", _comma_list)
     spread_processes: int = _setting(2, "group processes of the `spread` system (one env group each)", int)
+    tune_iterations: int = _setting(5, "iterations per measurement in the `tuned` system's `jaxrose tune`", int)
+    tune_groups: bool = _setting(True, "whether the `tuned` system's `jaxrose tune` tries spreading the rollout over "
+                                       "group processes (the `groups` switch)", _boolean)
+    eval_sm_percentage: Optional[int] = _setting(
+        None, "SM quota (%) of the evaluation process in the overlapped, spread and async systems: evaluation has a "
+              "whole evaluation period of slack, so it can give SMs to training (None: no cap)", int)
     repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
     out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")
     record: Optional[str] = _setting(None, "markdown file to append a results section to, e.g. BENCHMARKS.md")
@@ -104,7 +119,7 @@ def train_config(bench: BenchConfig):
 
     config = get_preset(bench.preset)
     overrides = {"run.progress_bar": False, "run.tensorboard": False, "run.eval_mode": "inline"}
-    for name in ("total_env_steps", "num_evals", "num_eval_envs"):
+    for name in ("total_env_steps", "num_evals", "num_eval_envs", "eval_sm_percentage"):
         if getattr(bench, name) is not None:
             overrides[f"run.{name}"] = getattr(bench, name)
     config = replace(config, **overrides)
@@ -402,6 +417,45 @@ def run_spread(config, sampler, processes: int) -> dict:
     return summary
 
 
+def run_tuned(config, sampler, tune_iterations: int, groups: bool = True) -> dict:
+    """`jaxrose tune` with every switch on, then training with the plan it kept and evaluation in its
+    own process, all in one fresh process (it joins MPS before its GPU starts). The summary carries
+    the tuning time and every candidate tried, kept or not; the steady window excludes the tuning."""
+    from jaxrose.config import replace
+
+    return _run_in_child("_tuned_child", replace(config, **{"run.eval_mode": "process"}), sampler,
+                         extra=(tune_iterations, groups))
+
+
+def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, groups: bool) -> None:
+    import pickle
+    import tempfile
+
+    from jaxrose.config import replace
+    from jaxrose.mps import prepare_clients
+
+    with open(config_path, "rb") as f:
+        config = pickle.load(f)
+    prepare_clients({}, config.run.use_mps, config.run.compile_cache)  # before this process's GPU starts
+    from jaxrose.tune import Switches, tune
+
+    tuned = tune(config, Switches(groups=groups), iterations=tune_iterations)
+    with tempfile.TemporaryDirectory(prefix="jaxrose-tuned-") as tmp:
+        path = os.path.join(tmp, "plan.json")
+        tuned.plan.save(path)
+        summary, result = run_sequential(replace(config, **{"run.plan": path}), _ClockOnlySampler())
+    summary["eval_worker"] = result.eval_worker
+    summary["plan"] = str(tuned.plan)
+    summary["tuning"] = {"tuning_seconds": tuned.tuning_seconds, "iterations_per_measurement": tune_iterations,
+                         "switches": dataclasses.asdict(Switches(groups=groups)),
+                         "baseline_seconds": tuned.baseline_seconds, "final_seconds": tuned.final_seconds,
+                         "noise_seconds": tuned.noise_seconds, "speedup_per_iteration": tuned.speedup,
+                         "candidates_tried": len(tuned.trials), "candidates_kept": sum(t.kept for t in tuned.trials),
+                         "trials": [dataclasses.asdict(t) for t in tuned.trials]}
+    with open(summary_path, "w") as f:
+        json.dump(_jsonable(summary), f)
+
+
 def run_async(config, sampler) -> dict:
     """The asynchronous mode (actor processes, evaluation in its own process), in a fresh process.
     A preset laid out as fewer groups than actors is regrouped as one group per actor."""
@@ -413,7 +467,7 @@ def run_async(config, sampler) -> dict:
     return _run_in_child("_async_child", replace(config, **changes), sampler)
 
 
-def _run_in_child(child: str, config, sampler) -> dict:
+def _run_in_child(child: str, config, sampler, extra: tuple = ()) -> dict:
     import pickle
     import tempfile
 
@@ -423,7 +477,8 @@ def _run_in_child(child: str, config, sampler) -> dict:
             pickle.dump(config, f)
         # This process already holds most of the GPU's memory; the child allocates on demand.
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        code = f"from jaxrose.bench import {child}; {child}({config_path!r}, {summary_path!r})"
+        arguments = ", ".join(repr(a) for a in (config_path, summary_path, *extra))
+        code = f"from jaxrose.bench import {child}; {child}({arguments})"
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=3600)
         with open(summary_path) as f:
             summary = json.load(f)
@@ -543,6 +598,12 @@ RATIOS = (
     ("jaxrose spread / jaxrose sequential (steady)", "systems.spread.steady_sps", "systems.sequential.steady_sps"),
     ("jaxrose spread / brax (incl. evals)", "systems.spread.steady_sps_with_evals",
      "systems.brax.steady_sps_with_evals"),
+    ("jaxrose tuned / brax (incl. evals)", "systems.tuned.steady_sps_with_evals",
+     "systems.brax.steady_sps_with_evals"),
+    ("jaxrose tuned / jaxrose sequential (incl. evals)", "systems.tuned.steady_sps_with_evals",
+     "systems.sequential.steady_sps_with_evals"),
+    ("jaxrose tuned (incl. evals) / synchronous limit", "systems.tuned.steady_sps_with_evals",
+     "limits.synchronous_limit_sps"),
     ("jaxrose async / brax (incl. evals)", "systems.async.steady_sps_with_evals", "systems.brax.steady_sps_with_evals"),
     ("jaxrose async / rollout ceiling (incl. evals)", "systems.async.steady_sps_with_evals",
      "limits.rollout_ceiling_sps"),
@@ -600,6 +661,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     systems[name] = run_overlapped(config, sampler)
                 elif name == "spread":
                     systems[name] = run_spread(config, sampler, bench.spread_processes)
+                elif name == "tuned":
+                    systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups)
                 elif name == "async":
                     systems[name] = run_async(config, sampler)
                 else:

@@ -11,6 +11,10 @@
 #            `python3 scripts/gpu_spread_check.py pusher-transformer 3 --spread-only`, > 3 min)
 #   async   ant-mlp, 50M steps: asynchronous mode (2 actors, lag <= 1) and the sim ceiling (~4 min)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
+#   suite   [STEPS] [PRESETS]: every preset (default list below) with brax, sim, sequential at a small
+#           budget (default 5M steps, 5 evaluations), each bounded; results bundled in suite.tar.gz
+#   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
+#   quota   ant-mlp 15M: overlapped with the evaluation process capped at 20% of the SMs
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 set -u
 . scripts/gpu_setup.sh || exit 1
@@ -29,6 +33,20 @@ case "${1:?stage}" in
          > "$out/spread.log" 2>&1; grep "\[bench\]" "$out/spread.log" ;;
   async) timeout 500 python3 -m jaxrose.cli bench --preset ant-mlp --systems sim,async --repeats 5 \
          --out "$out/async" --record "$out/BENCH_async.md" > "$out/async.log" 2>&1; grep "\[bench\]" "$out/async.log" ;;
+  suite) mkdir -p "$out/suite"; steps="${2:-5000000}"; presets="${3:-humanoid-mlp,cheetah-run-mlp,arm-push-mlp,arm-push-randomized-mlp,ant-wide-mlp}"
+        for p in ${presets//,/ }; do
+          timeout 150 python3 -m jaxrose.cli bench --preset "$p" --total-env-steps "$steps" --num-evals 5 \
+            --systems brax,sim,sequential --repeats 3 --out "$out/suite/$p" --record "$out/suite/BENCH_$p.md" \
+            > "$out/suite/$p.log" 2>&1 || echo "[bench] $p: exit $? (see suite/$p.log)"
+          grep "\[bench\]" "$out/suite/$p.log"
+        done
+        tar -czf "$out/suite.tar.gz" -C "$out" suite && rm -rf "$out/suite" ;;
+  arm) timeout 400 python3 -m jaxrose.cli train --preset arm-push-mlp --run.no-progress-bar --run.out-dir "$out/arm" \
+         > "$out/arm.log" 2>&1; grep -i "eval\|error" "$out/arm.log" | tail -15;
+       tar -czf "$out/arm.tar.gz" -C "$out" arm/metrics.jsonl arm/learning_curve.png && rm -rf "$out/arm" ;;
+  quota) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 15000000 --num-evals 5 \
+         --systems overlapped --eval-sm-percentage 20 --out "$out/quota" --record "$out/BENCH_quota.md" \
+         > "$out/quota.log" 2>&1; grep "\[bench\]" "$out/quota.log" ;;
   faults) timeout 520 python3 scripts/gpu_faults.py ${2:+--cases "$2"} --out "$out/faults.json" > /dev/null 2> "$out/faults.log";
         python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['verdicts'], indent=1))" "$out/faults.json" ;;
   plan) timeout 250 python3 -m jaxrose.cli plan --preset "${2:-ant-mlp}" --out "$out/plan" > "$out/plan.log" 2>&1;

@@ -10,7 +10,8 @@ from jaxrose.bench import RATIOS, BenchConfig, lookup, main, parse_args
 from jaxrose.config import ConfigError
 
 ARGS = ["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
-        "--repeats", "3"]
+        "--repeats", "3", "--systems", "brax,sim,sequential,overlapped,spread,tuned,async", "--tune-iterations", "1",
+        "--tune-groups", "false"]  # tune's group trials are tested in test_tune.py
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +41,14 @@ def test_meta_records_where_and_how(bench_run):
 def test_every_system_ran_with_positive_throughput(bench_run):
     _, results, _ = bench_run
     systems = results["systems"]
-    assert set(systems) == {"brax", "sim", "sequential", "overlapped", "spread", "async"}
+    assert set(systems) == {"brax", "sim", "sequential", "overlapped", "spread", "tuned", "async"}
     for name, summary in systems.items():
         assert summary["status"] == "ok", (name, summary.get("reason"))
         assert _positive(summary["steady_sps"]), name
         assert math.isfinite(summary["compile_seconds"]), name
         if not results["meta"]["sm_sampling"]["available"]:  # no GPU here
             assert summary["sm"] is None, name
-    for name in ("brax", "sequential", "overlapped", "spread"):
+    for name in ("brax", "sequential", "overlapped", "spread", "tuned"):
         summary = systems[name]
         assert _positive(summary["steady_sps_with_evals"])
         assert _positive(summary["steady_wall_seconds"])
@@ -90,6 +91,19 @@ def test_spread_groups_keep_the_same_results(bench_run):
     sequential, spread = results["systems"]["sequential"], results["systems"]["spread"]
     assert spread["eval_returns"] == sequential["eval_returns"]
     assert "group0+group1 (groups spread)" in spread["plan"]
+
+
+def test_tuned_system_reports_its_tuning_and_keeps_the_same_results(bench_run):
+    _, results, _ = bench_run
+    sequential, tuned = results["systems"]["sequential"], results["systems"]["tuned"]
+    tuning = tuned["tuning"]
+    assert tuning["tuning_seconds"] > 0 and tuning["iterations_per_measurement"] == 1
+    assert tuning["switches"]["groups"] is False and tuning["switches"]["overlap"] is True
+    assert tuning["candidates_tried"] == len(tuning["trials"]) >= tuning["candidates_kept"]
+    assert all({"description", "kept", "reason"} <= set(t) for t in tuning["trials"])
+    assert tuned["plan"]
+    # Whatever plan tune kept computes what the sequential executor computes.
+    assert tuned["eval_returns"] == sequential["eval_returns"]
 
 
 def test_limits_follow_from_the_measured_times(bench_run):

@@ -58,7 +58,7 @@ def test_transformer_settings_are_validated():
 @pytest.mark.slow
 def test_transformer_preset_learns(tmp_path):
     config = replace(get_preset("point-mass-transformer"), **{
-        "run.total_env_steps": 120_000, "run.num_evals": 4, "run.out_dir": str(tmp_path),
+        "run.total_env_steps": 80_000, "run.num_evals": 4, "run.out_dir": str(tmp_path),
         "run.progress_bar": False, "run.tensorboard": False})
     result = train(config, write_outputs=False)
     first, last = result.evaluations[0]["eval/episode_return"], result.final_return
