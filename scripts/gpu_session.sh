@@ -14,6 +14,8 @@
 #   suite   [STEPS] [PRESETS]: every preset (default list below) with brax, sim, sequential at a small
 #           budget (default 5M steps, 5 evaluations), each bounded; results bundled in suite.tar.gz
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
+#   tuned   [PRESET] [STEPS]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
+#           tuning time and trials included (ant-mlp 15M: ~9 min)
 #   quota   ant-mlp 15M: overlapped with the evaluation process capped at 20% of the SMs
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 set -u
@@ -44,6 +46,9 @@ case "${1:?stage}" in
   arm) timeout 400 python3 -m jaxrose.cli train --preset arm-push-mlp --run.no-progress-bar --run.out-dir "$out/arm" \
          > "$out/arm.log" 2>&1; grep -i "eval\|error" "$out/arm.log" | tail -15;
        tar -czf "$out/arm.tar.gz" -C "$out" arm/metrics.jsonl arm/learning_curve.png && rm -rf "$out/arm" ;;
+  tuned) timeout 590 python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --total-env-steps "${3:-15000000}" \
+         --num-evals 5 --systems brax,sim,sequential,overlapped,tuned --repeats 3 --out "$out/tuned" \
+         --record "$out/BENCH_tuned.md" > "$out/tuned.log" 2>&1; grep "\[bench\]" "$out/tuned.log" ;;
   quota) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 15000000 --num-evals 5 \
          --systems overlapped --eval-sm-percentage 20 --out "$out/quota" --record "$out/BENCH_quota.md" \
          > "$out/quota.log" 2>&1; grep "\[bench\]" "$out/quota.log" ;;
