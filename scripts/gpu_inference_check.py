@@ -10,7 +10,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 
 
 def timed(fn, *args, repeats: int = 20) -> float:
@@ -28,7 +27,7 @@ def main() -> None:
     from jaxrose.presets import get_preset
     from jaxrose.sequential import SequentialExecutor
 
-    preset = sys.argv[1] if len(sys.argv) > 1 else "pusher-transformer"
+    preset = next((a for a in sys.argv[1:] if not a.startswith("--")), "pusher-transformer")
     config = get_preset(preset)
     executor = SequentialExecutor(config)
     net, env = executor.net, executor.train_env
@@ -67,6 +66,16 @@ def main() -> None:
     result["unroll_length"] = config.ppo.unroll_length
     result["rollout_step_ms"] = result["unroll_ms"] / config.ppo.unroll_length
     print(json.dumps(result, indent=1))
+    _write_out(result)
+
+
+
+def _write_out(result: dict) -> None:
+    """With --out=PATH, the JSON also goes to a file (mujoco.mjx prints to stdout where warp is missing)."""
+    for arg in sys.argv:
+        if arg.startswith("--out="):
+            with open(arg.split("=", 1)[1], "w") as f:
+                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
