@@ -13,37 +13,32 @@ limit (that rollout time plus the learner update timed alone, per iteration). Ev
 quotient of two values measured in this run and names both.
 
 Outputs in --out: results.json (all raw numbers), results.md (tables), results.png (charts).
+The brax baseline is `jaxrose.bench_brax`; the tables and charts are drawn by `jaxrose.bench_report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
-import functools
 import json
-import math
 import os
 import platform
 import shlex
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 import traceback
+from typing import Any, Callable, Optional
 
 import numpy as np
-from typing import Any, Callable, Optional
+
+from jaxrose.bench_brax import run_brax
+from jaxrose.bench_report import SYSTEM_LABELS, is_finite_number, jsonable, append_record, plot_results, render_markdown
 
 SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "tuned", "async")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "tuned")
-SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential",
-                 "overlapped": "jaxrose, evaluation overlapped (MPS process)",
-                 "spread": "jaxrose, rollout groups spread over MPS processes + evaluation overlapped",
-                 "tuned": "jaxrose tuned (jaxrose tune's plan) + evaluation overlapped",
-                 "async": "jaxrose asynchronous (actors, lag <= run.max_policy_lag)"}
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -127,142 +122,6 @@ def train_config(bench: BenchConfig):
         raise ConfigError(f"Preset {bench.preset!r} has run.num_evals={config.run.num_evals}; the bench needs >= 3 "
                           f"to have a steady window. Pass --num-evals 3 or more.")
     return config
-
-
-# -- brax PPO -------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def brax_jax_compat():
-    """Supplies `jax.device_put_replicated` (removed in JAX 0.10, still called by brax 0.14.2) while brax runs."""
-    import jax
-
-    if hasattr(jax, "device_put_replicated"):
-        yield
-        return
-    jax.device_put_replicated = _device_put_replicated
-    try:
-        yield
-    finally:
-        del jax.device_put_replicated
-
-
-def _device_put_replicated(tree, devices):
-    """One copy per device, stacked on a new leading axis that is sharded over `devices`, as pmap expects."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from brax.training.agents.ppo import train as brax_ppo
-
-    # The mesh axis must carry pmap's axis name: arrays placed here then have the same sharding as
-    # pmap's outputs, and brax's epoch function is compiled once instead of twice.
-    axis = getattr(brax_ppo, "_PMAP_AXIS_NAME", "i")
-    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), (axis,)),
-                                          jax.sharding.PartitionSpec(axis))
-    count = len(devices)
-    return jax.tree.map(lambda x: jax.device_put(jnp.broadcast_to(jnp.asarray(x)[None], (count,) + jnp.shape(x)),
-                                                 sharding), tree)
-
-
-def make_brax_env(name: str):
-    """The registry's env, passed to brax as it is.
-
-    brax's wrappers add keys to `state.metrics` in place (its EvalWrapper adds 'reward'), so an env
-    must carry unknown metric keys through `step`, as brax's envs and jaxrose's tiny envs do.
-    """
-    import envs
-
-    return envs.make(name)
-
-
-def brax_kwargs(config) -> tuple[dict, list[str]]:
-    """brax `ppo.train` keyword arguments for a TrainConfig, and notes where the mapping is inexact."""
-    from brax.training.agents.ppo import networks as ppo_networks
-
-    from jaxrose.networks import ACTIVATIONS
-
-    env, net, ppo, run = config.env, config.network, config.ppo, config.run
-    notes = []
-    if ppo.bootstrap_on_truncation:
-        notes.append("ppo.bootstrap_on_truncation=True has no exact brax equivalent (brax's bootstrap_on_timeout "
-                     "needs info['time_out'] from the env and bootstraps with the value of the pre-reset state); "
-                     "brax ran without bootstrapping.")
-    if env.num_groups != 1:
-        notes.append(f"env.num_groups={env.num_groups} has no brax equivalent; brax ran one group of "
-                     f"{env.num_envs} envs.")
-    network_factory = functools.partial(ppo_networks.make_ppo_networks,
-                                        policy_hidden_layer_sizes=tuple(net.policy_hidden),
-                                        value_hidden_layer_sizes=tuple(net.value_hidden),
-                                        activation=ACTIVATIONS[net.activation])
-    kwargs = dict(
-        num_timesteps=run.total_env_steps, num_evals=run.num_evals, episode_length=env.episode_length,
-        num_envs=env.num_envs, batch_size=ppo.batch_size, num_minibatches=ppo.num_minibatches,
-        unroll_length=ppo.unroll_length, num_updates_per_batch=ppo.num_updates_per_batch,
-        discounting=ppo.discounting, learning_rate=ppo.learning_rate, entropy_cost=ppo.entropy_cost,
-        reward_scaling=ppo.reward_scaling, normalize_observations=ppo.normalize_observations,
-        gae_lambda=ppo.gae_lambda, clipping_epsilon=ppo.clipping_epsilon, max_grad_norm=ppo.max_grad_norm,
-        normalize_advantage=ppo.normalize_advantage, vf_loss_coefficient=ppo.vf_loss_coefficient,
-        seed=run.seed, num_eval_envs=run.num_eval_envs, deterministic_eval=run.deterministic_eval,
-        network_factory=network_factory,
-        # One GPU, like jaxrose: brax would otherwise pmap over every local device.
-        max_devices_per_host=1,
-    )
-    return kwargs, notes
-
-
-def run_brax(config, sampler) -> dict:
-    """brax PPO on the preset; throughput from its per-epoch `training/sps` and its progress calls."""
-    from brax.training.agents.ppo import train as brax_ppo
-
-    if config.network.policy != "mlp" or config.network.history > 1:
-        # brax's PPO has no such policy: a brax run would measure a different workload.
-        return {"status": "skipped", "reason": f"brax PPO has no {config.network.policy} policy over an "
-                                               f"observation history; compare jaxrose schedules for this preset."}
-    calls: list[tuple[float, int, dict]] = []  # (host time, env steps, metrics) per progress_fn call
-
-    def progress(step, metrics):
-        t = sampler.mark(f"brax/progress_{len(calls)}")
-        calls.append((t, int(step), {k: float(v) for k, v in metrics.items()}))
-
-    kwargs, notes = brax_kwargs(config)
-    start = time.perf_counter()
-    env = make_brax_env(config.env.name)
-    with brax_jax_compat():
-        brax_ppo.train(env, progress_fn=progress, **kwargs)
-    total = time.perf_counter() - start
-
-    # calls[0]: the evaluation before training; calls[k >= 1]: epoch k then its evaluation.
-    epoch_sps = [m["training/sps"] for _, _, m in calls[1:]]
-    steps_per_epoch = calls[1][1] - calls[0][1]
-    epoch_seconds = [steps_per_epoch / sps for sps in epoch_sps]
-    result = _steady_summary(epoch_sps[1:], calls[1], calls[-1], sampler)
-    result.update(
-        status="ok", notes=notes, total_wall_seconds=total, seconds_to_steady=calls[1][0] - start,
-        steps_per_epoch=steps_per_epoch, epoch_sps=epoch_sps, epoch_seconds=epoch_seconds,
-        first_epoch_seconds=epoch_seconds[0],
-        # Compilation happens inside brax's first epoch: its time beyond a steady epoch's.
-        compile_seconds=epoch_seconds[0] - statistics.median(epoch_seconds[1:]),
-        eval_seconds=[m["eval/epoch_eval_time"] for _, _, m in calls],
-        eval_returns=[m["eval/episode_reward"] for _, _, m in calls],
-        eval_env_steps=[step for _, step, _ in calls],
-        final_return=calls[-1][2]["eval/episode_reward"],
-    )
-    return result
-
-
-def _steady_summary(steady_sps: list[float], first_call, last_call, sampler) -> dict:
-    """Steady numbers shared by brax and jaxrose, from the per-epoch or per-iteration steps/s of the
-    steady part and the (time, env steps) of the progress calls that open and close the steady window."""
-    (t0, steps0, _), (t1, steps1, _) = first_call, last_call
-    wall = t1 - t0
-    return {
-        "steady_sps": statistics.median(steady_sps) if steady_sps else float("nan"),
-        "steady_env_steps": steps1 - steps0,
-        "steady_wall_seconds": wall,
-        "steady_sps_with_evals": (steps1 - steps0) / wall if wall > 0 else float("nan"),
-        "window": [t0, t1],
-        "sm": sampler.mean(t0, t1),
-    }
 
 
 # -- simulation-only ceiling ----------------------------------------------------------------------
@@ -453,7 +312,7 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
                          "candidates_tried": len(tuned.trials), "candidates_kept": sum(t.kept for t in tuned.trials),
                          "trials": [dataclasses.asdict(t) for t in tuned.trials]}
     with open(summary_path, "w") as f:
-        json.dump(_jsonable(summary), f)
+        json.dump(jsonable(summary), f)
 
 
 def run_async(config, sampler) -> dict:
@@ -494,7 +353,7 @@ def _overlapped_child(config_path: str, summary_path: str) -> None:
     summary, result = run_sequential(config, _ClockOnlySampler())
     summary["eval_worker"] = result.eval_worker
     with open(summary_path, "w") as f:
-        json.dump(_jsonable(summary), f)
+        json.dump(jsonable(summary), f)
 
 
 def _async_child(config_path: str, summary_path: str) -> None:
@@ -527,7 +386,7 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "eval_worker": result.eval_worker,
     }
     with open(summary_path, "w") as f:
-        json.dump(_jsonable(summary), f)
+        json.dump(jsonable(summary), f)
 
 
 # -- the synchronous limit ------------------------------------------------------------------------
@@ -628,13 +487,9 @@ def compute_ratios(results: dict) -> list[dict]:
     ratios = []
     for name, numerator, denominator in RATIOS:
         a, b = lookup(results, numerator), lookup(results, denominator)
-        if _finite(a) and _finite(b) and b > 0:
+        if is_finite_number(a) and is_finite_number(b) and b > 0:
             ratios.append({"name": name, "numerator": numerator, "denominator": denominator, "value": a / b})
     return ratios
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # -- run everything -------------------------------------------------------------------------------
@@ -706,7 +561,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
 def _write_partial(bench: BenchConfig, systems: dict) -> None:
     os.makedirs(bench.out_dir, exist_ok=True)
     with open(os.path.join(bench.out_dir, "partial.json"), "w") as f:
-        json.dump(_jsonable(systems), f, indent=2, allow_nan=False)
+        json.dump(jsonable(systems), f, indent=2, allow_nan=False)
 
 
 def _meta(bench: BenchConfig, command: Optional[str], sampler) -> dict:
@@ -776,7 +631,7 @@ def _log(message: str) -> None:
 def write_outputs(results: dict, bench: BenchConfig) -> None:
     os.makedirs(bench.out_dir, exist_ok=True)
     with open(os.path.join(bench.out_dir, "results.json"), "w") as f:
-        json.dump(_jsonable(results), f, indent=2, allow_nan=False)
+        json.dump(jsonable(results), f, indent=2, allow_nan=False)
     markdown = render_markdown(results)
     with open(os.path.join(bench.out_dir, "results.md"), "w") as f:
         f.write(markdown)
@@ -784,165 +639,6 @@ def write_outputs(results: dict, bench: BenchConfig) -> None:
     if bench.record:
         append_record(bench.record, markdown)
     _log(f"results: {os.path.abspath(bench.out_dir)} (results.json, results.md, results.png)")
-
-
-def _jsonable(value):
-    """JSON without NaN or infinity: non-finite floats become null."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _fmt(value, spec: str = ",.0f") -> str:
-    return format(value, spec) if _finite(value) else "—"
-
-
-def _sm(summary: dict, key: str) -> str:
-    sm = summary.get("sm")
-    return _fmt(sm[key], ".1f") if sm else "—"
-
-
-def render_markdown(results: dict) -> str:
-    meta, run = results["meta"], results["config"]["run"]
-    lines = [
-        f"## {meta['preset']}: {results['config']['env']['name']}, {run['total_env_steps']:,} env steps, "
-        f"{run['num_evals']} evaluations",
-        "",
-        f"- date (UTC): {meta['date_utc']}",
-        f"- commit: {meta['git_commit'] or 'unknown'}{' (uncommitted changes)' if meta['git_dirty'] else ''}",
-        f"- device: {meta['device_kind']} ({meta['platform']}); jax {meta['jax_version']}, brax {meta['brax_version']}",
-        f"- command: `{meta['command']}`",
-        f"- env steps per iteration: {results['schedule']['env_steps_per_iteration']:,}; "
-        f"iterations per evaluation: {results['schedule']['iterations_per_eval']}",
-        "",
-        "| system | steady steps/s | steps/s incl. evals | compile s | time to steady s | final return "
-        "| SM activity % | SM occupancy % |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for name, summary in results["systems"].items():
-        label = SYSTEM_LABELS[name]
-        if summary.get("status") != "ok":
-            lines.append(f"| {label} | {summary.get('status', 'failed')}: {summary.get('reason')} | | | | | | |")
-            continue
-        lines.append(f"| {label} | {_fmt(summary['steady_sps'])} | {_fmt(summary.get('steady_sps_with_evals'))} "
-                     f"| {_fmt(summary['compile_seconds'], '.1f')} | {_fmt(summary.get('seconds_to_steady'), '.1f')} "
-                     f"| {_fmt(summary.get('final_return'), '.4g')} "
-                     f"| {_sm(summary, 'sm_activity_pct')} | {_sm(summary, 'sm_occupancy_pct')} |")
-    limits = results["limits"]
-    if limits:
-        lines += [
-            "",
-            "| limit | steps/s | seconds per iteration |",
-            "| --- | ---: | ---: |",
-            f"| rollout ceiling (simulation alone) | {_fmt(limits['rollout_ceiling_sps'])} "
-            f"| {_fmt(limits['rollout_seconds_at_ceiling'], '.4f')} |",
-            f"| synchronous limit (rollout at ceiling + training alone) | {_fmt(limits['synchronous_limit_sps'])} "
-            f"| {_fmt(limits['rollout_seconds_at_ceiling'] + limits['training_seconds_alone'], '.4f')} |",
-            f"| training alone (learner update) | | {_fmt(limits['training_seconds_alone'], '.4f')} |",
-        ]
-        if "rollout_ceiling_random_actions_sps" in limits:
-            lines += [
-                f"| rollout ceiling, random actions | {_fmt(limits['rollout_ceiling_random_actions_sps'])} "
-                f"| {_fmt(limits['rollout_seconds_random_actions'], '.4f')} |",
-                f"| synchronous limit, random actions | {_fmt(limits['synchronous_limit_random_actions_sps'])} "
-                f"| {_fmt(limits['rollout_seconds_random_actions'] + limits['training_seconds_alone'], '.4f')} |",
-            ]
-    if results["ratios"]:
-        lines += ["", "| ratio | value | from |", "| --- | ---: | --- |"]
-        lines += [f"| {r['name']} | {r['value']:.3f} | `{r['numerator']}` / `{r['denominator']}` |"
-                  for r in results["ratios"]]
-    lines += ["", *_eval_lines(results), *_notes(results), ""]
-    return "\n".join(lines)
-
-
-def _eval_lines(results: dict) -> list[str]:
-    lines = []
-    for name in ("brax", "sequential"):
-        summary = results["systems"].get(name, {})
-        if summary.get("status") == "ok":
-            evals = summary["eval_seconds"]
-            steady = evals[2:]  # the evaluations inside the steady window
-            share = sum(steady) / summary["steady_wall_seconds"] if summary["steady_wall_seconds"] > 0 else float("nan")
-            lines.append(f"- {SYSTEM_LABELS[name]}: median evaluation {_fmt(statistics.median(steady), '.3f')} s, "
-                         f"{_fmt(100 * share, '.0f')}% of the steady wall time")
-    return lines
-
-
-def _notes(results: dict) -> list[str]:
-    notes = [
-        "- steady: epochs (brax) or iterations (jaxrose) after the first evaluation period, whose first epoch "
-        "compiles; incl. evals: steady env steps / wall time from the end of the second evaluation to the end "
-        "of the last.",
-        "- compile s: brax, its first epoch's time beyond a steady epoch's; jaxrose, the ahead-of-time compile of "
-        "one iteration; simulation, the compile of one iteration's rollout. time to steady s: from the system's "
-        "start (env construction included) to the start of its steady window: every compilation, the first "
-        "epoch and the first two evaluations.",
-    ]
-    sampling = results["meta"]["sm_sampling"]
-    if not sampling["available"]:
-        notes.append(f"- SM activity not measured: {sampling['reason']}")
-    for note in results["systems"].get("brax", {}).get("notes", []):
-        notes.append(f"- brax mapping: {note}")
-    return notes
-
-
-def plot_results(results: dict, png_path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    systems = {name: s for name, s in results["systems"].items() if s.get("status") == "ok"}
-    fig, (bars, activity) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, (name, summary) in enumerate(systems.items()):
-        for offset, key, color in ((-0.2, "steady_sps", "C0"), (0.2, "steady_sps_with_evals", "C1")):
-            value = summary.get(key)
-            if _finite(value):
-                bars.bar(i + offset, value, width=0.4, color=color)
-                bars.annotate(f"{value:,.0f}", (i + offset, value), ha="center", va="bottom", fontsize=7)
-    if "synchronous_limit_sps" in results["limits"]:
-        bars.axhline(results["limits"]["synchronous_limit_sps"], color="0.4", ls="--", lw=1)
-    bars.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="C0"), plt.Rectangle((0, 0), 1, 1, color="C1"),
-                         plt.Line2D([], [], color="0.4", ls="--")],
-                labels=["steady", "steady incl. evals", "synchronous limit"], fontsize=8)
-    values = [s[k] for s in systems.values() for k in ("steady_sps", "steady_sps_with_evals") if _finite(s.get(k))]
-    if values and min(values) > 0 and max(values) / min(values) > 20:
-        bars.set_yscale("log")  # the simulation ceiling can dwarf the trainers by orders of magnitude
-    bars.set_xticks(range(len(systems)), [SYSTEM_LABELS[name] for name in systems], fontsize=8)
-    bars.set_ylabel("env steps / s")
-    bars.set_title(f"{results['meta']['preset']} on {results['meta']['device_kind']}")
-    bars.grid(axis="y", alpha=0.3)
-
-    samples = results["gpu_activity"]["samples"]
-    if samples:
-        activity.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, color="k", label="SM activity")
-        activity.plot([s[0] for s in samples], [s[2] for s in samples], lw=1, color="0.6", label="SM occupancy")
-        for i, (name, s) in enumerate(systems.items()):
-            activity.axvspan(*s["window"], alpha=0.15, color=f"C{i}", label=f"{SYSTEM_LABELS[name]} steady")
-        activity.set_xlabel("seconds since the bench started")
-        activity.set_ylabel("%")
-        activity.set_ylim(0, 100)
-        activity.legend(fontsize=8)
-    else:
-        reason = textwrap.fill(str(results["meta"]["sm_sampling"]["reason"]), 60)
-        activity.text(0.5, 0.5, "SM activity not measured:\n" + reason, ha="center", va="center",
-                      transform=activity.transAxes)
-        activity.set_axis_off()
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
-    return png_path
-
-
-def append_record(path: str, markdown: str) -> None:
-    """Appends the results section to a running log such as BENCHMARKS.md."""
-    exists = os.path.exists(path) and os.path.getsize(path) > 0
-    with open(path, "a") as f:
-        f.write(("\n" if exists else "") + markdown)
 
 
 def main(args: list[str]) -> None:

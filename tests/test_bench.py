@@ -162,7 +162,7 @@ def test_bad_settings_name_the_flag(changes, message):
 
 def test_brax_is_skipped_for_policies_it_does_not_have():
     from jaxrose import get_preset
-    from jaxrose.bench import run_brax
+    from jaxrose.bench_brax import run_brax
 
     result = run_brax(get_preset("point-mass-transformer"), sampler=None)
     assert result["status"] == "skipped" and "transformer" in result["reason"]

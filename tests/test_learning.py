@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxrose import get_preset, train
-from jaxrose.bench import brax_jax_compat, brax_kwargs
+from jaxrose.bench_brax import brax_jax_compat, brax_kwargs
 from jaxrose.config import replace
 
 BUDGET = 150_000

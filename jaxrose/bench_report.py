@@ -1,0 +1,178 @@
+"""`jaxrose bench`'s outputs from its results: the markdown tables, the plot, the record appended
+to BENCHMARKS.md, and JSON without NaN."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import textwrap
+
+def is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential",
+                 "overlapped": "jaxrose, evaluation overlapped (MPS process)",
+                 "spread": "jaxrose, rollout groups spread over MPS processes + evaluation overlapped",
+                 "tuned": "jaxrose tuned (jaxrose tune's plan) + evaluation overlapped",
+                 "async": "jaxrose asynchronous (actors, lag <= run.max_policy_lag)"}
+
+
+def jsonable(value):
+    """JSON without NaN or infinity: non-finite floats become null."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _fmt(value, spec: str = ",.0f") -> str:
+    return format(value, spec) if is_finite_number(value) else "—"
+
+
+def _sm(summary: dict, key: str) -> str:
+    sm = summary.get("sm")
+    return _fmt(sm[key], ".1f") if sm else "—"
+
+
+def render_markdown(results: dict) -> str:
+    meta, run = results["meta"], results["config"]["run"]
+    lines = [
+        f"## {meta['preset']}: {results['config']['env']['name']}, {run['total_env_steps']:,} env steps, "
+        f"{run['num_evals']} evaluations",
+        "",
+        f"- date (UTC): {meta['date_utc']}",
+        f"- commit: {meta['git_commit'] or 'unknown'}{' (uncommitted changes)' if meta['git_dirty'] else ''}",
+        f"- device: {meta['device_kind']} ({meta['platform']}); jax {meta['jax_version']}, brax {meta['brax_version']}",
+        f"- command: `{meta['command']}`",
+        f"- env steps per iteration: {results['schedule']['env_steps_per_iteration']:,}; "
+        f"iterations per evaluation: {results['schedule']['iterations_per_eval']}",
+        "",
+        "| system | steady steps/s | steps/s incl. evals | compile s | time to steady s | final return "
+        "| SM activity % | SM occupancy % |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, summary in results["systems"].items():
+        label = SYSTEM_LABELS[name]
+        if summary.get("status") != "ok":
+            lines.append(f"| {label} | {summary.get('status', 'failed')}: {summary.get('reason')} | | | | | | |")
+            continue
+        lines.append(f"| {label} | {_fmt(summary['steady_sps'])} | {_fmt(summary.get('steady_sps_with_evals'))} "
+                     f"| {_fmt(summary['compile_seconds'], '.1f')} | {_fmt(summary.get('seconds_to_steady'), '.1f')} "
+                     f"| {_fmt(summary.get('final_return'), '.4g')} "
+                     f"| {_sm(summary, 'sm_activity_pct')} | {_sm(summary, 'sm_occupancy_pct')} |")
+    limits = results["limits"]
+    if limits:
+        lines += [
+            "",
+            "| limit | steps/s | seconds per iteration |",
+            "| --- | ---: | ---: |",
+            f"| rollout ceiling (simulation alone) | {_fmt(limits['rollout_ceiling_sps'])} "
+            f"| {_fmt(limits['rollout_seconds_at_ceiling'], '.4f')} |",
+            f"| synchronous limit (rollout at ceiling + training alone) | {_fmt(limits['synchronous_limit_sps'])} "
+            f"| {_fmt(limits['rollout_seconds_at_ceiling'] + limits['training_seconds_alone'], '.4f')} |",
+            f"| training alone (learner update) | | {_fmt(limits['training_seconds_alone'], '.4f')} |",
+        ]
+        if "rollout_ceiling_random_actions_sps" in limits:
+            lines += [
+                f"| rollout ceiling, random actions | {_fmt(limits['rollout_ceiling_random_actions_sps'])} "
+                f"| {_fmt(limits['rollout_seconds_random_actions'], '.4f')} |",
+                f"| synchronous limit, random actions | {_fmt(limits['synchronous_limit_random_actions_sps'])} "
+                f"| {_fmt(limits['rollout_seconds_random_actions'] + limits['training_seconds_alone'], '.4f')} |",
+            ]
+    if results["ratios"]:
+        lines += ["", "| ratio | value | from |", "| --- | ---: | --- |"]
+        lines += [f"| {r['name']} | {r['value']:.3f} | `{r['numerator']}` / `{r['denominator']}` |"
+                  for r in results["ratios"]]
+    lines += ["", *_eval_lines(results), *_notes(results), ""]
+    return "\n".join(lines)
+
+
+def _eval_lines(results: dict) -> list[str]:
+    lines = []
+    for name in ("brax", "sequential"):
+        summary = results["systems"].get(name, {})
+        if summary.get("status") == "ok":
+            evals = summary["eval_seconds"]
+            steady = evals[2:]  # the evaluations inside the steady window
+            share = sum(steady) / summary["steady_wall_seconds"] if summary["steady_wall_seconds"] > 0 else float("nan")
+            lines.append(f"- {SYSTEM_LABELS[name]}: median evaluation {_fmt(statistics.median(steady), '.3f')} s, "
+                         f"{_fmt(100 * share, '.0f')}% of the steady wall time")
+    return lines
+
+
+def _notes(results: dict) -> list[str]:
+    notes = [
+        "- steady: epochs (brax) or iterations (jaxrose) after the first evaluation period, whose first epoch "
+        "compiles; incl. evals: steady env steps / wall time from the end of the second evaluation to the end "
+        "of the last.",
+        "- compile s: brax, its first epoch's time beyond a steady epoch's; jaxrose, the ahead-of-time compile of "
+        "one iteration; simulation, the compile of one iteration's rollout. time to steady s: from the system's "
+        "start (env construction included) to the start of its steady window: every compilation, the first "
+        "epoch and the first two evaluations.",
+    ]
+    sampling = results["meta"]["sm_sampling"]
+    if not sampling["available"]:
+        notes.append(f"- SM activity not measured: {sampling['reason']}")
+    for note in results["systems"].get("brax", {}).get("notes", []):
+        notes.append(f"- brax mapping: {note}")
+    return notes
+
+
+def plot_results(results: dict, png_path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = {name: s for name, s in results["systems"].items() if s.get("status") == "ok"}
+    fig, (bars, activity) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (name, summary) in enumerate(systems.items()):
+        for offset, key, color in ((-0.2, "steady_sps", "C0"), (0.2, "steady_sps_with_evals", "C1")):
+            value = summary.get(key)
+            if is_finite_number(value):
+                bars.bar(i + offset, value, width=0.4, color=color)
+                bars.annotate(f"{value:,.0f}", (i + offset, value), ha="center", va="bottom", fontsize=7)
+    if "synchronous_limit_sps" in results["limits"]:
+        bars.axhline(results["limits"]["synchronous_limit_sps"], color="0.4", ls="--", lw=1)
+    bars.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="C0"), plt.Rectangle((0, 0), 1, 1, color="C1"),
+                         plt.Line2D([], [], color="0.4", ls="--")],
+                labels=["steady", "steady incl. evals", "synchronous limit"], fontsize=8)
+    values = [s[k] for s in systems.values() for k in ("steady_sps", "steady_sps_with_evals") if is_finite_number(s.get(k))]
+    if values and min(values) > 0 and max(values) / min(values) > 20:
+        bars.set_yscale("log")  # the simulation ceiling can dwarf the trainers by orders of magnitude
+    bars.set_xticks(range(len(systems)), [SYSTEM_LABELS[name] for name in systems], fontsize=8)
+    bars.set_ylabel("env steps / s")
+    bars.set_title(f"{results['meta']['preset']} on {results['meta']['device_kind']}")
+    bars.grid(axis="y", alpha=0.3)
+
+    samples = results["gpu_activity"]["samples"]
+    if samples:
+        activity.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, color="k", label="SM activity")
+        activity.plot([s[0] for s in samples], [s[2] for s in samples], lw=1, color="0.6", label="SM occupancy")
+        for i, (name, s) in enumerate(systems.items()):
+            activity.axvspan(*s["window"], alpha=0.15, color=f"C{i}", label=f"{SYSTEM_LABELS[name]} steady")
+        activity.set_xlabel("seconds since the bench started")
+        activity.set_ylabel("%")
+        activity.set_ylim(0, 100)
+        activity.legend(fontsize=8)
+    else:
+        reason = textwrap.fill(str(results["meta"]["sm_sampling"]["reason"]), 60)
+        activity.text(0.5, 0.5, "SM activity not measured:\n" + reason, ha="center", va="center",
+                      transform=activity.transAxes)
+        activity.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return png_path
+
+
+def append_record(path: str, markdown: str) -> None:
+    """Appends the results section to a running log such as BENCHMARKS.md."""
+    exists = os.path.exists(path) and os.path.getsize(path) > 0
+    with open(path, "a") as f:
+        f.write(("\n" if exists else "") + markdown)
