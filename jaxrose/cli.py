@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     except TerminatedError as error:
         print(f"stopped: {error}", file=sys.stderr)
-        raise SystemExit(143) from None
+        raise SystemExit(error.exit_code) from None
     except Exception as error:  # a lost GPU context outside the training loop's own handler
         from jaxrose.train import _device_lost
 

@@ -36,7 +36,12 @@ __all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult"
 
 
 class TerminatedError(KeyboardInterrupt):
-    """SIGTERM arrived: the loop saved a checkpoint and stopped."""
+    """SIGTERM or SIGINT (Ctrl-C) arrived: the loop saved a checkpoint and stopped. `exit_code` is
+    the shell's convention for the signal (143, 130)."""
+
+    def __init__(self, message: str, exit_code: int = 143):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class DeviceLostError(RuntimeError):
@@ -256,7 +261,9 @@ class _TrainingLoop:
                 if termination.requested:
                     if saved_at != iteration:
                         self.save(iteration, state)
-                    raise TerminatedError("SIGTERM received; checkpoint saved, resume with --run.resume.")
+                    raise TerminatedError(f"{termination.requested} received; checkpoint of iteration {iteration} "
+                                          f"saved in {self.out_dir}, resume with --run.resume.",
+                                          130 if termination.requested == "SIGINT" else 143)
             self.collect_remote(wait=True)
         except TerminatedError:
             raise
@@ -311,28 +318,37 @@ def _scalars(metrics: Mapping) -> dict[str, float]:
 
 
 class _Termination:
-    """SIGTERM (a scheduler stopping the job) sets a flag; the loop checkpoints at the end of the
-    iteration in flight and raises TerminatedError. Raising from the handler itself could land
-    inside a step after the state's buffers were donated, leaving no whole state to save."""
+    """SIGTERM (a scheduler stopping the job) or a first SIGINT (Ctrl-C, a notebook's interrupt)
+    sets a flag; the loop checkpoints at the end of the iteration in flight and raises
+    TerminatedError. Raising from the handler itself could land inside a step after the state's
+    buffers were donated, leaving no whole state to save. A second Ctrl-C interrupts at once."""
 
     def __init__(self):
         import signal
         import threading
 
-        self.requested = False
-        self._previous = None
+        self.requested: Optional[str] = None  # the signal's name, once one arrived
+        self._previous = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for number in (signal.SIGTERM, signal.SIGINT):
+                self._previous[number] = signal.signal(number, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        self.requested = True
+        import signal
+
+        if signum == signal.SIGINT and self.requested == "SIGINT":
+            raise KeyboardInterrupt  # asked twice: stop now (the loop keeps the last checkpoint)
+        self.requested = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            print("Ctrl-C: stopping after this iteration with a checkpoint (press again to stop at once).",
+                  file=sys.stderr)
 
     def restore(self) -> None:
         import signal
 
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous = {}
 
 
 def _intact(state) -> bool:

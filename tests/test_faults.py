@@ -2,6 +2,7 @@
 checkpoint to resume from, SIGTERM checkpoints and exits cleanly."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,9 @@ def test_lost_gpu_context_stops_naming_the_checkpoint_to_resume_from(tiny_config
     assert manifest.verify(str(tmp_path / "checkpoints" / "2")) is None
 
 
-def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
+@pytest.mark.parametrize("signal_name,exit_code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_signal_saves_a_checkpoint_and_exits(tmp_path, signal_name, exit_code):
+    """SIGTERM (a scheduler) and Ctrl-C: the iteration in flight finishes, its state is saved, exit."""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "jaxrose.cli", "train", "--preset", "point-mass", "--run.total-env-steps",
                "100000000", "--run.num-evals", "2", "--run.no-progress-bar", "--run.no-tensorboard",
@@ -71,12 +74,16 @@ def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
             if metrics.exists() and sum("perf/sps" in line for line in metrics.read_text().splitlines()) >= 3:
                 break
             time.sleep(0.2)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(getattr(signal, signal_name))
         _, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 143, stderr
-    assert "SIGTERM received; checkpoint saved" in stderr
+    assert process.returncode == exit_code, stderr
+    saved = re.search(rf"stopped: {signal_name} received; checkpoint of iteration (\d+) saved in .*--run.resume", stderr)
+    assert saved, stderr
     steps = [int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()]
-    assert steps and max(steps) >= 3
+    assert steps and max(steps) == int(saved.group(1)) >= 3
+    from jaxrose import manifest
+
+    assert manifest.verify(str(out / "checkpoints" / str(max(steps)))) is None
