@@ -349,7 +349,7 @@ class AsyncTrainer:
 
     def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: float = 300.0,
             on_update=None, start: Optional[Snapshot] = None, snapshot_due=None, on_snapshot=None,
-            manager=None, nonfinite=None) -> AsyncResult:
+            manager=None, nonfinite=None, should_stop=None) -> AsyncResult:
         """Runs until `updates` learner updates or `env_steps` consumed env steps (counted from the
         start of the run, so a resumed run has the same budget), whichever is given.
         `on_update(update, env_steps, learner, info)` is called after each update (logging, evaluation);
@@ -359,7 +359,9 @@ class AsyncTrainer:
         one more at the end. `manager`: a `jaxrose.resources.ResourceManager` fed with measurements.
         `nonfinite`: a `jaxrose.nonfinite.NonFinitePolicy` (default: `run.on_nonfinite`, no checkpoint
         to name). Trajectories dropped for NaN or Inf count as consumed env steps, as a skipped
-        iteration does in the synchronous loop; a skipped update is not counted as an update."""
+        iteration does in the synchronous loop; a skipped update is not counted as an update.
+        `should_stop()`: checked after each update; when true the run ends early, as at the end of
+        its budget (with the final snapshot), e.g. on SIGTERM."""
         from jaxrose.nonfinite import NonFinitePolicy
 
         if (updates is None) == (env_steps is None):
@@ -387,7 +389,8 @@ class AsyncTrainer:
         pending: dict = {}  # snapshots waiting for actors' states
         start_time, done = time.perf_counter(), version
         steps_per_group_rollout = self.config.env_steps_per_iteration // self.config.env.num_groups
-        while (done < updates) if updates is not None else (consumed < env_steps):
+        while ((done < updates) if updates is not None else (consumed < env_steps)) and not (
+                should_stop is not None and should_stop()):
             urgent = [i for i in range(self.num_actors) if version + 1 - params_sent[i] > self.max_lag]
             waited = self._gather(urgent or None, timeout)
             take = urgent if urgent else [min(ready, key=lambda i: ready[i][0])]

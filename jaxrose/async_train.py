@@ -34,7 +34,7 @@ from jaxrose.resources import ResourceManager, initial_allocation, quota_env
 def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, env=None):
     """`env`: the env the actors step (e.g. a fault injector); None builds the config's."""
     from jaxrose.sequential import RunState
-    from jaxrose.train import TrainResult
+    from jaxrose.train import StopSignals, TerminatedError, TrainResult
 
     run = config.run
     names = [f"actor{i}" for i in range(run.actors)]
@@ -119,10 +119,20 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
                 last["next_eval"] += eval_every
             record(evaluator.finished())
 
-        result = trainer.run(env_steps=budget, on_update=on_update, start=resumed, snapshot_due=snapshot_due,
-                             on_snapshot=saver, manager=manager, nonfinite=nonfinite)
+        termination = StopSignals()  # SIGTERM or Ctrl-C: end after this update, with the final snapshot
+        try:
+            result = trainer.run(env_steps=budget, on_update=on_update, start=resumed, snapshot_due=snapshot_due,
+                                 on_snapshot=saver, manager=manager, nonfinite=nonfinite,
+                                 should_stop=lambda: termination.requested is not None)
+        finally:
+            termination.restore()
         if saver is not None:
             saver.wait()
+        if termination.requested is not None:
+            saved = (f"checkpoint of update {last_checkpoint()} saved in {out_dir}, resume with --run.resume"
+                     if saver is not None else "no checkpoint (outputs are off)")
+            raise TerminatedError(f"{termination.requested} received; {saved}.",
+                                  130 if termination.requested == "SIGINT" else 143)
         record(evaluator.drain())
         for decision in result.resource_decisions:
             if decision["kind"] in ("sm_quota", "cores", "restart", "groups"):

@@ -233,7 +233,7 @@ class _TrainingLoop:
         start_times: list[float] = []
         wall_start = time.perf_counter()
         guard = NonFiniteGuard(self.executor, run, self._latest_checkpoint, self.out_dir)
-        termination = _Termination()
+        termination = StopSignals()
         saved_at = None
         try:
             for iteration in range(start_iteration + 1, config.num_iterations + 1):
@@ -317,7 +317,7 @@ def _scalars(metrics: Mapping) -> dict[str, float]:
     return {k: float(np.asarray(v)) for k, v in metrics.items()}
 
 
-class _Termination:
+class StopSignals:
     """SIGTERM (a scheduler stopping the job) or a first SIGINT (Ctrl-C, a notebook's interrupt)
     sets a flag; the loop checkpoints at the end of the iteration in flight and raises
     TerminatedError. Raising from the handler itself could land inside a step after the state's

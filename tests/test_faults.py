@@ -87,3 +87,34 @@ def test_signal_saves_a_checkpoint_and_exits(tmp_path, signal_name, exit_code):
     from jaxrose import manifest
 
     assert manifest.verify(str(out / "checkpoints" / str(max(steps)))) is None
+
+
+@pytest.mark.parametrize("signal_name,exit_code", [("SIGTERM", 143)])
+def test_signal_in_async_mode_saves_the_final_snapshot_and_exits(tmp_path, signal_name, exit_code):
+    """The asynchronous mode ends as at the end of its budget: the final snapshot (every actor's
+    state) is saved, the actors stop, and the exit names the checkpoint."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "jaxrose.cli", "train", "--preset", "point-mass", "--run.mode", "async",
+               "--run.actors", "2", "--env.num-groups", "2", "--run.total-env-steps", "100000000", "--run.num-evals",
+               "2", "--run.no-progress-bar", "--run.no-tensorboard", "--run.out-dir", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until updates are being logged
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and sum("policy_lag_max" in line for line in metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        process.send_signal(getattr(signal, signal_name))
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == exit_code, stderr
+    saved = re.search(rf"stopped: {signal_name} received; checkpoint of update (\d+) saved in .*--run.resume", stderr)
+    assert saved, stderr
+    steps = [int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()]
+    assert steps and max(steps) == int(saved.group(1)) >= 3
+    from jaxrose import manifest
+
+    assert manifest.verify(str(out / "checkpoints" / str(max(steps)))) is None
