@@ -13,6 +13,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from gpu_output import write_out  # scripts/ is on the path when a script runs
+
 
 def step_ms(train_env, action_size: int, random_actions: bool, length: int) -> float:
     def unroll(state, key):
@@ -58,16 +60,9 @@ def main() -> None:
                                                          config.ppo.unroll_length)
         print(json.dumps({preset: entry}), file=sys.stderr, flush=True)
     print(json.dumps(result, indent=1))
-    _write_out(result)
+    write_out(result)
 
 
-
-def _write_out(result: dict) -> None:
-    """With --out=PATH, the JSON also goes to a file (mujoco.mjx prints to stdout where warp is missing)."""
-    for arg in sys.argv:
-        if arg.startswith("--out="):
-            with open(arg.split("=", 1)[1], "w") as f:
-                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import time
 
 import jax
 
+from gpu_output import write_out  # scripts/ is on the path when a script runs
+
 
 def timed(fn, *args, repeats: int = 20) -> float:
     jax.block_until_ready(fn(*args))  # compile and warm up
@@ -66,16 +68,9 @@ def main() -> None:
     result["unroll_length"] = config.ppo.unroll_length
     result["rollout_step_ms"] = result["unroll_ms"] / config.ppo.unroll_length
     print(json.dumps(result, indent=1))
-    _write_out(result)
+    write_out(result)
 
 
-
-def _write_out(result: dict) -> None:
-    """With --out=PATH, the JSON also goes to a file (mujoco.mjx prints to stdout where warp is missing)."""
-    for arg in sys.argv:
-        if arg.startswith("--out="):
-            with open(arg.split("=", 1)[1], "w") as f:
-                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

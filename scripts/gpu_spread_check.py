@@ -10,6 +10,8 @@ import sys
 
 from jaxrose.mps import prepare_clients
 
+from gpu_output import write_out  # scripts/ is on the path when a script runs
+
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s", force=True)
@@ -51,16 +53,9 @@ def main() -> None:
             if name != "sequential":
                 result[name]["speedup"] = result["sequential"]["median_seconds"] / result[name]["median_seconds"]
     json.dump(result, sys.stdout, indent=2)
-    _write_out(result)
+    write_out(result)
 
 
-
-def _write_out(result: dict) -> None:
-    """With --out=PATH, the JSON also goes to a file (mujoco.mjx prints to stdout where warp is missing)."""
-    for arg in sys.argv:
-        if arg.startswith("--out="):
-            with open(arg.split("=", 1)[1], "w") as f:
-                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -59,19 +59,28 @@ def test_lost_gpu_context_stops_naming_the_checkpoint_to_resume_from(tiny_config
     assert manifest.verify(str(tmp_path / "checkpoints" / "2")) is None
 
 
-@pytest.mark.parametrize("signal_name,exit_code", [("SIGTERM", 143), ("SIGINT", 130)])
-def test_signal_saves_a_checkpoint_and_exits(tmp_path, signal_name, exit_code):
-    """SIGTERM (a scheduler) and Ctrl-C: the iteration in flight finishes, its state is saved, exit."""
+SYNC = ["--preset", "point-mass"]
+ASYNC = SYNC + ["--run.mode", "async", "--run.actors", "2", "--env.num-groups", "2"]
+
+
+@pytest.mark.parametrize("mode,signal_name,exit_code,progress,unit", [
+    ("sync", "SIGTERM", 143, "perf/sps", "iteration"),
+    ("sync", "SIGINT", 130, "perf/sps", "iteration"),
+    # The asynchronous mode ends as at the end of its budget: the final snapshot (every actor's state).
+    ("async", "SIGTERM", 143, "policy_lag_max", "update"),
+])
+def test_signal_saves_a_checkpoint_and_exits(tmp_path, mode, signal_name, exit_code, progress, unit):
+    """SIGTERM (a scheduler) and Ctrl-C: the step in flight finishes, its state is saved, exit."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "jaxrose.cli", "train", "--preset", "point-mass", "--run.total-env-steps",
-               "100000000", "--run.num-evals", "2", "--run.no-progress-bar", "--run.no-tensorboard",
-               "--run.out-dir", str(out)]
+    command = [sys.executable, "-m", "jaxrose.cli", "train", *(ASYNC if mode == "async" else SYNC),
+               "--run.total-env-steps", "100000000", "--run.num-evals", "2", "--run.no-progress-bar",
+               "--run.no-tensorboard", "--run.out-dir", str(out)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait until training iterations are being logged
+        while time.monotonic() < deadline:  # wait until training steps are being logged
             metrics = out / "metrics.jsonl"
-            if metrics.exists() and sum("perf/sps" in line for line in metrics.read_text().splitlines()) >= 3:
+            if metrics.exists() and sum(progress in line for line in metrics.read_text().splitlines()) >= 3:
                 break
             time.sleep(0.2)
         process.send_signal(getattr(signal, signal_name))
@@ -80,38 +89,7 @@ def test_signal_saves_a_checkpoint_and_exits(tmp_path, signal_name, exit_code):
         if process.poll() is None:
             process.kill()
     assert process.returncode == exit_code, stderr
-    saved = re.search(rf"stopped: {signal_name} received; checkpoint of iteration (\d+) saved in .*--run.resume", stderr)
-    assert saved, stderr
-    steps = [int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()]
-    assert steps and max(steps) == int(saved.group(1)) >= 3
-    from jaxrose import manifest
-
-    assert manifest.verify(str(out / "checkpoints" / str(max(steps)))) is None
-
-
-@pytest.mark.parametrize("signal_name,exit_code", [("SIGTERM", 143)])
-def test_signal_in_async_mode_saves_the_final_snapshot_and_exits(tmp_path, signal_name, exit_code):
-    """The asynchronous mode ends as at the end of its budget: the final snapshot (every actor's
-    state) is saved, the actors stop, and the exit names the checkpoint."""
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "jaxrose.cli", "train", "--preset", "point-mass", "--run.mode", "async",
-               "--run.actors", "2", "--env.num-groups", "2", "--run.total-env-steps", "100000000", "--run.num-evals",
-               "2", "--run.no-progress-bar", "--run.no-tensorboard", "--run.out-dir", str(out)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait until updates are being logged
-            metrics = out / "metrics.jsonl"
-            if metrics.exists() and sum("policy_lag_max" in line for line in metrics.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.2)
-        process.send_signal(getattr(signal, signal_name))
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == exit_code, stderr
-    saved = re.search(rf"stopped: {signal_name} received; checkpoint of update (\d+) saved in .*--run.resume", stderr)
+    saved = re.search(rf"stopped: {signal_name} received; checkpoint of {unit} (\d+) saved in .*--run.resume", stderr)
     assert saved, stderr
     steps = [int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()]
     assert steps and max(steps) == int(saved.group(1)) >= 3
