@@ -73,7 +73,7 @@ class BenchConfig:
     tune_groups: bool = _setting(True, "whether the `tuned` system's `jaxrose tune` tries spreading the rollout over "
                                        "group processes (the `groups` switch)", _boolean)
     eval_sm_percentage: Optional[int] = _setting(
-        None, "SM quota (%) of the evaluation process in the overlapped, spread and async systems: evaluation has a "
+        None, "SM quota (%%) of the evaluation process in the overlapped, spread and async systems: evaluation has a "
               "whole evaluation period of slack, so it can give SMs to training (None: no cap)", int)
     repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
     out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")

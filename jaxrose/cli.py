@@ -50,11 +50,18 @@ def train_main(args: list[str]) -> None:
 
 
 def presets_main(args: list[str]) -> None:
+    import argparse
+
     from jaxrose.presets import PRESETS
 
+    argparse.ArgumentParser(prog="jaxrose presets", description="List the named workloads (env, policy, "
+                            "budget); train one with `jaxrose train --preset NAME`.").parse_args(args)
     for name, config in PRESETS.items():
-        print(f"{name:16s} env={config.env.name} num_envs={config.env.num_envs} "
-              f"steps={config.run.total_env_steps:,} policy={config.network.policy_hidden}")
+        net = config.network
+        policy = (f"transformer(depth={net.transformer_depth}, width={net.transformer_width}, history={net.history})"
+                  if net.policy == "transformer" else f"mlp{tuple(net.policy_hidden)}")
+        print(f"{name:24s} env={config.env.name} num_envs={config.env.num_envs} "
+              f"steps={config.run.total_env_steps:,} policy={policy}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,6 +56,10 @@ def report() -> dict:
 
 
 def main(args: list[str]) -> None:
+    import argparse
     import json
+
+    argparse.ArgumentParser(prog="jaxrose doctor", description="Print, as JSON, what this machine offers jaxrose: "
+                            "package versions, JAX devices, GPUs and SMs (NVML), NVML GPM and MPS.").parse_args(args)
 
     print(json.dumps(report(), indent=2))

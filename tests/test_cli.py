@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jaxrose.cli import main
+from jaxrose.cli import COMMANDS, main
 
 
 def test_presets_lists_named_workloads(capsys):
@@ -12,6 +12,15 @@ def test_presets_lists_named_workloads(capsys):
     out = capsys.readouterr().out
     for name in ("point-mass", "pendulum", "ant-mlp", "humanoid-mlp"):
         assert name in out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_prints_its_help(command, capsys):
+    # argparse formats help strings with %-interpolation: a stray "%" crashes --help.
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage" in capsys.readouterr().out.lower()
 
 
 def test_train_writes_metrics_plot_and_checkpoint(tmp_path, capsys):
