@@ -90,7 +90,9 @@ class ArmPush(Env):
         data = mjx.kinematics(self.sys, data)
         fingertip, cube, target = self._positions(data)
         cube_to_target = jnp.linalg.norm(cube - target)
+        # Keys a wrapper added (brax's EvalWrapper adds 'reward') are carried through.
         metrics = {
+            **state.metrics,
             "reward_near": -jnp.linalg.norm(fingertip - cube),
             "reward_dist": -cube_to_target,
             "reward_ctrl": -jnp.sum(action ** 2),

@@ -225,6 +225,8 @@ def run_sequential(config, sampler) -> tuple[dict, Any]:
         eval_seconds=[e["eval/walltime"] for e in evals], eval_returns=[e["eval/episode_return"] for e in evals],
         eval_env_steps=[e["env_steps"] for e in evals], final_return=result.final_return,
     )
+    if any("eval/success_rate" in e for e in evals):  # tasks with a success metric (arm_push)
+        summary["eval_success_rates"] = [e.get("eval/success_rate") for e in evals]
     return summary, result
 
 

@@ -44,15 +44,16 @@ def _device_put_replicated(tree, devices):
                                                  sharding), tree)
 
 
-def make_brax_env(name: str):
-    """The registry's env, passed to brax as it is.
+def make_brax_env(config):
+    """The run's env as jaxrose builds it (the registry's task, randomized per env if the preset asks),
+    passed to brax as it is; brax adds its own episode, vmap and auto-reset wrappers.
 
     brax's wrappers add keys to `state.metrics` in place (its EvalWrapper adds 'reward'), so an env
-    must carry unknown metric keys through `step`, as brax's envs and jaxrose's tiny envs do.
+    must carry unknown metric keys through `step`, as brax's envs and jaxrose's envs do (tested).
     """
-    import envs
+    from jaxrose.sequential import make_env
 
-    return envs.make(name)
+    return make_env(config)
 
 
 def brax_kwargs(config) -> tuple[dict, list[str]]:
@@ -106,7 +107,7 @@ def run_brax(config, sampler) -> dict:
 
     kwargs, notes = brax_kwargs(config)
     start = time.perf_counter()
-    env = make_brax_env(config.env.name)
+    env = make_brax_env(config)
     with brax_jax_compat():
         brax_ppo.train(env, progress_fn=progress, **kwargs)
     total = time.perf_counter() - start

@@ -130,7 +130,10 @@ def plot_results(results: dict, png_path: str) -> str:
     import matplotlib.pyplot as plt
 
     systems = {name: s for name, s in results["systems"].items() if s.get("status") == "ok"}
-    fig, (bars, activity) = plt.subplots(1, 2, figsize=(12, 4.5))
+    with_success = {name: s for name, s in systems.items() if s.get("eval_success_rates")}
+    panels = 3 + bool(with_success)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5))
+    bars, activity, curves = axes[:3]
     for i, (name, summary) in enumerate(systems.items()):
         for offset, key, color in ((-0.2, "steady_sps", "C0"), (0.2, "steady_sps_with_evals", "C1")):
             value = summary.get(key)
@@ -165,6 +168,25 @@ def plot_results(results: dict, png_path: str) -> str:
         activity.text(0.5, 0.5, "SM activity not measured:\n" + reason, ha="center", va="center",
                       transform=activity.transAxes)
         activity.set_axis_off()
+    # Learning curves: the same return at the same env steps is part of the comparison.
+    for i, (name, s) in enumerate(systems.items()):
+        if s.get("eval_returns"):
+            curves.plot(s["eval_env_steps"], s["eval_returns"], "o-", color=f"C{i}", label=SYSTEM_LABELS[name])
+    curves.set_xlabel("env steps")
+    curves.set_ylabel("evaluation return")
+    curves.grid(alpha=0.3)
+    if curves.lines:
+        curves.legend(fontsize=8)
+    if with_success:
+        for i, (name, s) in enumerate(systems.items()):
+            if name in with_success:
+                points = [(x, y) for x, y in zip(s["eval_env_steps"], s["eval_success_rates"]) if y is not None]
+                axes[3].plot(*zip(*points), "o-", color=f"C{i}", label=SYSTEM_LABELS[name])
+        axes[3].set_xlabel("env steps")
+        axes[3].set_ylabel("evaluation success rate")
+        axes[3].set_ylim(-0.02, 1.02)
+        axes[3].grid(alpha=0.3)
+        axes[3].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)

@@ -106,3 +106,14 @@ def test_scripted_push_moves_the_cube_to_the_target(arm):
     assert dists[-1] > -SUCCESS_DISTANCE and float(state.metrics["success"]) == 1.0
     assert all(later >= earlier - 2e-3 for earlier, later in zip(dists, dists[1:]))  # steady progress
     assert float(state.metrics["reward_near"]) > -0.06  # the fingertip stayed at the cube
+
+
+def test_step_carries_metric_keys_a_wrapper_added(arm):
+    # brax's EvalWrapper adds 'reward' to state.metrics at reset and scans over step: a step that
+    # dropped the key broke brax PPO on arm_push (found by the H200 suite's CPU pre-check).
+    _, reset, step = arm
+    state = reset(jax.random.PRNGKey(0))
+    state = state.replace(metrics={**state.metrics, "reward": jnp.zeros(())})
+    stepped = step(state, jnp.zeros(3))
+    assert set(stepped.metrics) == set(state.metrics)
+    np.testing.assert_allclose(stepped.metrics["reward"], 0.0)

@@ -166,3 +166,30 @@ def test_brax_is_skipped_for_policies_it_does_not_have():
 
     result = run_brax(get_preset("point-mass-transformer"), sampler=None)
     assert result["status"] == "skipped" and "transformer" in result["reason"]
+
+
+def test_brax_baseline_steps_the_same_randomized_env_as_jaxrose():
+    from envs.wrappers import DomainRandomization
+    from jaxrose.bench_brax import brax_kwargs, make_brax_env
+    from jaxrose.presets import get_preset
+
+    config = get_preset("arm-push-randomized-mlp")
+    env = make_brax_env(config)
+    assert isinstance(env, DomainRandomization)  # not the bare task: brax must see the same workload
+    assert brax_kwargs(config)[1] == []  # and the mapping has nothing inexact to report
+
+
+def test_plot_adds_a_success_panel_for_tasks_with_a_success_metric(bench_run, tmp_path):
+    import copy
+
+    import matplotlib.image
+
+    from jaxrose.bench_report import plot_results
+
+    out, results, _ = bench_run
+    with_success = copy.deepcopy(results)
+    sequential = with_success["systems"]["sequential"]
+    sequential["eval_success_rates"] = [0.0] * (len(sequential["eval_env_steps"]) - 1) + [0.5]
+    widths = [matplotlib.image.imread(plot_results(r, str(tmp_path / f"{i}.png"))).shape[1]
+              for i, r in enumerate((results, with_success))]
+    assert widths[1] == widths[0] * 4 // 3  # bars, SM activity, returns; then success rate

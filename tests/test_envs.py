@@ -57,6 +57,10 @@ def test_training_stack_contract(name):
     # After 3 steps every episode has ended (truncated, or terminated earlier and reset since).
     assert np.all(np.asarray(state.done) == 1.0)
     np.testing.assert_allclose(state.obs, first_obs)
+    # brax's wrappers add metric keys at reset ('reward') and scan over step: step carries them.
+    raw = env.reset(jax.random.PRNGKey(1))
+    raw = raw.replace(metrics={**raw.metrics, "reward": jnp.zeros(())})
+    assert set(jax.jit(env.step)(raw, jnp.zeros(env.action_size)).metrics) == set(raw.metrics)
 
 
 def test_unknown_env_lists_known_names():
