@@ -11,8 +11,8 @@
 #            `python3 scripts/gpu_spread_check.py pusher-transformer 3 --spread-only`, > 3 min)
 #   async   ant-mlp, 50M steps: asynchronous mode (2 actors, lag <= 1) and the sim ceiling (~4 min)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
-#   suite   [STEPS] [PRESETS]: every preset (default list below) with brax, sim, sequential at a small
-#           budget (default 5M steps, 5 evaluations), each bounded; results bundled in suite.tar.gz
+#   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS],... ; each preset with brax, sim, sequential
+#           (default 3 evaluations), each bounded by its SECONDS; suite.tar.gz rewritten after each preset
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
 #   tuned   [PRESET] [STEPS]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
 #           tuning time and trials included (ant-mlp 15M: ~9 min)
@@ -35,14 +35,16 @@ case "${1:?stage}" in
          > "$out/spread.log" 2>&1; grep "\[bench\]" "$out/spread.log" ;;
   async) timeout 500 python3 -m jaxrose.cli bench --preset ant-mlp --systems sim,async --repeats 5 \
          --out "$out/async" --record "$out/BENCH_async.md" > "$out/async.log" 2>&1; grep "\[bench\]" "$out/async.log" ;;
-  suite) mkdir -p "$out/suite"; steps="${2:-5000000}"; presets="${3:-humanoid-mlp,cheetah-run-mlp,arm-push-mlp,arm-push-randomized-mlp,ant-wide-mlp}"
-        for p in ${presets//,/ }; do
-          timeout 150 python3 -m jaxrose.cli bench --preset "$p" --total-env-steps "$steps" --num-evals 5 \
-            --systems brax,sim,sequential --repeats 3 --out "$out/suite/$p" --record "$out/suite/BENCH_$p.md" \
+  suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
+        mkdir -p "$out/suite"; systems="${3:-brax,sim,sequential}"
+        for entry in ${2//,/ }; do
+          IFS=: read -r p steps limit evals <<< "$entry"
+          timeout "${limit:-150}" python3 -m jaxrose.cli bench --preset "$p" --total-env-steps "${steps:-5000000}" \
+            --num-evals "${evals:-3}" --systems "$systems" --repeats 3 --out "$out/suite/$p" --record "$out/suite/BENCH_$p.md" \
             > "$out/suite/$p.log" 2>&1 || echo "[bench] $p: exit $? (see suite/$p.log)"
           grep "\[bench\]" "$out/suite/$p.log"
-        done
-        tar -czf "$out/suite.tar.gz" -C "$out" suite && rm -rf "$out/suite" ;;
+          tar -czf "$out/suite.tar.gz" -C "$out" suite
+        done; rm -rf "$out/suite" ;;
   arm) timeout 400 python3 -m jaxrose.cli train --preset arm-push-mlp --run.no-progress-bar --run.out-dir "$out/arm" \
          > "$out/arm.log" 2>&1; grep -i "eval\|error" "$out/arm.log" | tail -15;
        tar -czf "$out/arm.tar.gz" -C "$out" arm/metrics.jsonl arm/learning_curve.png && rm -rf "$out/arm" ;;
