@@ -77,6 +77,8 @@ class BenchConfig:
               "whole evaluation period of slack, so it can give SMs to training (None: no cap)", int)
     repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
     out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")
+    train_args: tuple[str, ...] = _setting((), "`jaxrose train` settings applied to the preset for every system, "
+                                               "given after `--` (e.g. -- --run.actors 1 --env.num-envs 1024)")
     record: Optional[str] = _setting(None, "markdown file to append a results section to, e.g. BENCHMARKS.md")
 
     def __post_init__(self):
@@ -98,21 +100,33 @@ class BenchConfig:
 
 
 def parse_args(args: list[str]) -> BenchConfig:
-    parser = argparse.ArgumentParser(prog="jaxrose bench", description=__doc__.split("\n\n")[0])
+    """Bench flags, then optionally `--` and `jaxrose train` settings (parsed by the same tyro CLI)."""
+    args = list(args)
+    train_args = tuple(args[args.index("--") + 1:]) if "--" in args else ()
+    args = args[:args.index("--")] if "--" in args else args
+    parser = argparse.ArgumentParser(prog="jaxrose bench", description=__doc__.split("\n\n")[0],
+                                     epilog="Settings after `--` are `jaxrose train`'s (see jaxrose train --help).")
     for field in dataclasses.fields(BenchConfig):
+        if field.name == "train_args":
+            continue
         default = field.default if not isinstance(field.default, tuple) else ",".join(field.default)
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=field.metadata["parse"],
                             default=field.default, help=f"{field.metadata['help']} (default: {default})")
-    return BenchConfig(**vars(parser.parse_args(args)))
+    return BenchConfig(**vars(parser.parse_args(args)), train_args=train_args)
 
 
 def train_config(bench: BenchConfig):
     """The preset with the bench's overrides; jaxrose's own outputs and progress bar are off, and
     evaluation runs inline, between iterations, on brax's schedule (the sequential reference)."""
-    from jaxrose.config import ConfigError, replace
+    from jaxrose.config import ConfigError, TrainConfig, replace
     from jaxrose.presets import get_preset
 
     config = get_preset(bench.preset)
+    if bench.train_args:  # `jaxrose train`'s own parser: one definition per setting
+        import tyro
+
+        config = tyro.cli(TrainConfig, default=config, args=list(bench.train_args),
+                          prog=f"jaxrose bench --preset {bench.preset} --")
     overrides = {"run.progress_bar": False, "run.tensorboard": False, "run.eval_mode": "inline"}
     for name in ("total_env_steps", "num_evals", "num_eval_envs", "eval_sm_percentage"):
         if getattr(bench, name) is not None:
@@ -592,9 +606,9 @@ def _bench_args(bench: BenchConfig) -> str:
     parts = []
     for field in dataclasses.fields(bench):
         value = getattr(bench, field.name)
-        if value is not None:
+        if value is not None and field.name != "train_args":
             parts += ["--" + field.name.replace("_", "-"), ",".join(value) if isinstance(value, tuple) else str(value)]
-    return shlex.join(parts)
+    return shlex.join(parts + (["--", *bench.train_args] if bench.train_args else []))
 
 
 def _git_state() -> dict:

@@ -8,6 +8,7 @@ import pytest
 
 from jaxrose.bench import RATIOS, BenchConfig, lookup, main, parse_args
 from jaxrose.config import ConfigError
+from jaxrose.presets import get_preset
 
 ARGS = ["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
         "--repeats", "3", "--systems", "brax,sim,sequential,overlapped,spread,tuned,async", "--tune-iterations", "1",
@@ -148,6 +149,20 @@ def test_parse_args_defaults_and_lists():
     assert bench.systems == ("sim", "sequential")
     assert bench.preset == "ant-mlp" and bench.out_dir.endswith("ant-mlp")
     assert parse_args([]).systems == ("brax", "sim", "sequential", "overlapped", "spread", "async")
+
+
+def test_train_settings_after_the_separator_apply_to_every_system():
+    from jaxrose.bench import _bench_args, train_config
+
+    bench = parse_args(["--preset", "point-mass", "--num-evals", "4", "--", "--run.actors", "1",
+                        "--env.num-envs", "128", "--network.policy-hidden", "16", "16"])
+    assert bench.train_args == ("--run.actors", "1", "--env.num-envs", "128", "--network.policy-hidden", "16", "16")
+    config = train_config(bench)
+    assert (config.run.actors, config.env.num_envs, config.network.policy_hidden) == (1, 128, (16, 16))
+    assert config.run.num_evals == 4 and config.ppo == get_preset("point-mass").ppo  # the rest is the preset's
+    assert _bench_args(bench).endswith("-- --run.actors 1 --env.num-envs 128 --network.policy-hidden 16 16")
+    with pytest.raises(SystemExit):  # an unknown train setting is tyro's usage error, naming it
+        train_config(parse_args(["--preset", "point-mass", "--", "--run.no-such-setting", "1"]))
 
 
 @pytest.mark.parametrize("changes, message", [
