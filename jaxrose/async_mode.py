@@ -32,7 +32,10 @@ updates or of one actor's trajectories, stops the run.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import queue
+import threading
 import time
 from multiprocessing.connection import wait
 from typing import Optional
@@ -87,15 +90,51 @@ class Snapshot:
     env_steps: int
 
 
+class _Inbox:
+    """The actor's messages, read by a thread as they arrive: a learner sending parameters never
+    waits for an actor that is busy rolling out (the main thread is inside a jitted call)."""
+
+    def __init__(self, conn):
+        self._queue: queue.Queue = queue.Queue()
+        self._conn = conn
+        threading.Thread(target=self._read, name="actor-inbox", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):  # the learner is gone
+                message = ("stop",)
+            self._queue.put(message)
+            if message[0] == "stop":
+                return
+
+    def get(self, block: bool) -> Optional[tuple]:
+        try:
+            return self._queue.get(block=block)
+        except queue.Empty:
+            return None
+
+
 def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds: float, env=None) -> None:
     """Actor process: its env groups, the rollout stages, parameters in, trajectories out. `env`:
-    the env to step (a fault injector in tests); None builds the config's."""
+    the env to step (a fault injector in tests); None builds the config's.
+
+    It rolls out whenever it holds a credit (the learner grants `1 + run_ahead` per actor, one more
+    per trajectory consumed) with the newest parameters it has. Rollout `seq` starts from the state
+    rollout `seq - 1` ended in (`starts[seq]`, kept until the learner reports it consumed, for
+    snapshots). A trajectory goes back through this actor's transport buffers for its batch size
+    (slot `seq % slots`; the learner copies it out on receipt) or, before the learner has sent
+    buffers for that size, through the pipe. With `run.on_nonfinite='skip'` an actor whose
+    trajectory holds NaN or Inf resets its broken envs before its next rollout, so no later rollout
+    (one started ahead included) and no snapshot starts from them."""
     from envs.wrappers import wrap_for_training
     from jaxrose.networks import make_actor_critic
-    from jaxrose.nonfinite import reset_broken_envs
+    from jaxrose.nonfinite import reset_broken_envs, trajectory_stages
     from jaxrose.ppo_program import rollout_nodes
     from jaxrose.program import Program, run_program
     from jaxrose.sequential import make_env
+    from jaxrose.transport import attach
 
     env = env if env is not None else make_env(config)
     episode, per_group = config.env.episode_length, config.env.envs_per_group
@@ -123,35 +162,62 @@ def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds
     def repair(env_state, key):
         return reset_broken_envs(layout(groups_of(env_state)), env_state, key)[0]
 
+    skip_nonfinite = config.run.on_nonfinite == "skip"
+    inbox = _Inbox(conn)
     conn.send(("ready", {"platform": jax.devices()[0].platform, "groups": groups}))
-    start = (env_state, key)  # where the rollout in progress (or the last one) began: a snapshot's "start"
-    while True:
-        message = conn.recv()
-        if message[0] == "stop":
-            return
-        if message[0] == "state":
-            _, tag, which = message
-            conn.send(("state", index, tag, jax.device_get((env_state, key) if which == "current" else start)))
-            continue
-        if message[0] == "restore":  # its group count is the restored state's
-            env_state, key = jax.device_put(message[1])
-            start = (env_state, key)
-            continue
-        if message[0] == "resize":
-            _, size, update = message
-            env_state = resized(env_state, size, lambda count: fresh_groups(count, update))
-            continue
-        if message[0] == "repair":  # after a non-finite trajectory was skipped
-            key, repair_key = jax.random.split(key)
-            env_state = repair(env_state, repair_key)
-            continue
-        _, version, params, normalizer = message
-        began, start = time.perf_counter(), (env_state, key)
-        env_state, key, unrolls = collect(params, normalizer, env_state, key)
-        unrolls = jax.device_get(unrolls)
-        if delay_seconds:
-            time.sleep(delay_seconds)  # fault injection for tests: a deliberately slow group
-        conn.send(("trajectory", index, version, unrolls, time.perf_counter() - began))
+    seq, credits, newest = 0, 0, None  # next rollout; rollouts granted; (version, params, normalizer)
+    starts = {0: (env_state, key)}  # start state of every rollout not yet consumed, and of the next
+    buffers: dict[int, list] = {}  # batch size (groups) -> transport slots
+    try:
+        while True:
+            message = inbox.get(block=credits == 0 or newest is None)
+            if message is not None:
+                kind = message[0]
+                if kind == "stop":
+                    return
+                if kind == "params":
+                    newest = message[1:]
+                elif kind == "credit":
+                    _, granted, consumed = message
+                    credits += granted
+                    for done in [s for s in starts if s < consumed]:
+                        del starts[done]
+                elif kind == "state":  # the start of rollout `which`: the next one's if it has not begun
+                    _, tag, which = message
+                    conn.send(("state", index, tag, jax.device_get(starts[which])))
+                elif kind == "restore":  # its group count is the restored state's
+                    _, state, seq = message
+                    starts, credits = {seq: jax.device_put(state)}, 0
+                elif kind == "resize":
+                    _, size, update = message
+                    env_state, key = starts[seq]
+                    starts[seq] = (resized(env_state, size, lambda count: fresh_groups(count, update)), key)
+                elif kind == "buffers":
+                    _, size, descriptions = message
+                    buffers[size] = [attach(d) for d in descriptions]
+                continue
+            version, params, normalizer = newest
+            began = time.perf_counter()
+            env_state, key, unrolls = collect(params, normalizer, *starts[seq])
+            if skip_nonfinite and trajectory_stages(unrolls):
+                key, repair_key = jax.random.split(key)
+                env_state = repair(env_state, repair_key)
+            size = _trajectory_groups(unrolls)
+            if size in buffers:
+                slot = seq % len(buffers[size])
+                buffers[size][slot].write(unrolls)
+                payload = ("slot", slot)
+            else:
+                payload = ("pipe", jax.device_get(unrolls))
+            if delay_seconds:
+                time.sleep(delay_seconds)  # fault injection for tests: a deliberately slow group
+            conn.send(("trajectory", index, seq, version, size, payload, time.perf_counter() - began))
+            seq, credits = seq + 1, credits - 1
+            starts[seq] = (env_state, key)
+    finally:
+        for slots in buffers.values():
+            for slot in slots:
+                slot.close()
 
 
 def groups_of(env_state) -> int:
@@ -179,8 +245,10 @@ def _segments(unrolls: dict) -> int:
 
 
 def _concatenate(unrolls: list[dict]) -> dict:
-    """Several actors' unrolls as one, groups in actor order ([U, T, G, E, ...]; last_obs [U, G, E, ...])."""
-    return {k: np.concatenate([u[k] for u in unrolls], axis=1 if k == "last_obs" else 2) for k in unrolls[0]}
+    """Several trajectories' unrolls as one, groups in actor order ([U, T, G, E, ...]; last_obs [U, G, E, ...])."""
+    if len(unrolls) == 1:
+        return unrolls[0]
+    return {k: jnp.concatenate([u[k] for u in unrolls], axis=1 if k == "last_obs" else 2) for k in unrolls[0]}
 
 
 def _check_batch_sizes(config: TrainConfig, num_actors: int, max_lag: int) -> None:
@@ -214,11 +282,35 @@ def _with_params_health(update):
     return checked
 
 
+@dataclasses.dataclass
+class _Rollout:
+    """A rollout the learner granted an actor, until consumed: `lower_bound` is the parameter
+    version it was granted at (the actor uses that or newer); `version` is exact once it arrived."""
+
+    seq: int
+    lower_bound: int
+    version: Optional[int] = None
+    unrolls: Optional[dict] = None
+
+    @property
+    def arrived(self) -> bool:
+        return self.unrolls is not None
+
+    @property
+    def params_version(self) -> int:
+        return self.version if self.arrived else self.lower_bound
+
+
 class AsyncTrainer:
     def __init__(self, config: TrainConfig, num_actors: int, max_lag: int,
                  actor_delays: Optional[dict[int, float]] = None, worker_env: Optional[dict] = None,
-                 actor_envs: Optional[list[dict]] = None, env=None):
-        """`env`: the env the actors step (pickled to them; e.g. a fault injector); None builds the config's."""
+                 actor_envs: Optional[list[dict]] = None, env=None, run_ahead: Optional[int] = None,
+                 learner_delay: float = 0.0):
+        """`env`: the env the actors step (pickled to them; e.g. a fault injector); None builds the config's.
+        `run_ahead`: rollouts an actor may start before its previous trajectory is consumed (default
+        `run.actor_run_ahead`; at most `max_lag`, since such a rollout is consumed at least one update
+        after its parameters). `actor_delays` and `learner_delay` (seconds added to each rollout or
+        update) are fault injection for tests."""
         if num_actors < 1 or config.env.num_groups % num_actors:
             raise ConfigError(f"env.num_groups ({config.env.num_groups}) must be a multiple of the number of actors "
                               f"({num_actors}): each actor owns whole env groups.")
@@ -226,17 +318,27 @@ class AsyncTrainer:
             raise ConfigError(f"The largest policy lag must be >= 0, got {max_lag}.")
         _check_batch_sizes(config, num_actors, max_lag)
         from jaxrose.sequential import SequentialExecutor
+        from jaxrose.transport import transport_kind
 
         self.config, self.num_actors, self.max_lag = config, num_actors, max_lag
+        self.run_ahead = min(config.run.actor_run_ahead if run_ahead is None else run_ahead, max_lag)
         self.executor = SequentialExecutor(config, env=env)  # the learner, network and key layout
         self._custom_env = env
         self._update = jax.jit(_with_params_health(self.executor.learner.update))
+        self._prepare = jax.jit(self._batch, static_argnums=2)
+        self._learner_delay = learner_delay
         self._delays = actor_delays or {}
         self.groups = [config.env.num_groups // num_actors] * num_actors  # each actor's batch size
+        self.transport = transport_kind()
+        self.hand_offs = {"slot": 0, "pipe": 0}  # trajectories received through buffers / the pipe
+        self._buffers: dict[tuple[int, int], list] = {}  # (actor, groups) -> transport slots
+        self._rollouts: list[collections.deque] = [collections.deque() for _ in range(num_actors)]
+        self._next_seq = [0] * num_actors  # the next rollout each actor will be granted
+        self._sent_version = [-1] * num_actors  # newest parameters sent to each actor process
+        self._sent_buffers: list[set] = [set() for _ in range(num_actors)]  # batch sizes it has buffers for
         envs = actor_envs or [worker_env] * num_actors
         self.actors = [self._worker(i, envs[i]) for i in range(num_actors)]
         self._states: dict = {}  # snapshot tag -> {actor: (env_state, key)}
-        self._ready: dict[int, tuple[int, dict]] = {}  # actor -> (params version, unrolls) not yet consumed
         self._manager = None
         try:
             for actor in self.actors:
@@ -251,35 +353,43 @@ class AsyncTrainer:
         args = (self.config, index, self.num_actors, self._delays.get(index, 0.0), self._custom_env)
         return Worker(f"actor{index}", _actor, args, env)
 
+    def _oldest_unconsumed(self, index: int) -> int:
+        rollouts = self._rollouts[index]
+        return rollouts[0].seq if rollouts else self._next_seq[index]
+
     def template(self) -> Snapshot:
         """A snapshot of the initial state (the shapes a checkpoint restores into)."""
         state = self.executor.init(jax.random.PRNGKey(self.config.run.seed))
-        actors = self._request_states("template", {i: "current" for i in range(self.num_actors)}, wait=True)
+        actors = self._request_states("template", {i: self._next_seq[i] for i in range(self.num_actors)}, wait=True)
         return Snapshot(jax.device_get(state.learner), actors, 0, 0)
 
     def restart_actor(self, index: int, env: Optional[dict]) -> float:
-        """Replaces actor `index` (between its rollouts, its trajectory consumed) by a new process
-        with environment `env` (e.g. another SM quota), carrying its env state and key over.
-        Returns the seconds it took."""
+        """Replaces actor `index` by a new process with environment `env` (e.g. another SM quota),
+        carrying over the state its oldest unconsumed rollout starts from; the rollouts it had
+        outstanding are dropped (not consumed, so not counted) and granted again. Returns the seconds it took."""
         start = time.perf_counter()
-        state = self._request_states(f"restart{index}", {index: "current"}, wait=True)[0]
+        seq = self._oldest_unconsumed(index)
+        state = self._request_states(f"restart{index}", {index: seq}, wait=True)[0]
         self.actors[index].stop()
         self.actors[index] = self._worker(index, env)
         self.actors[index].start()
-        self.actors[index].send(("restore", state))
+        self.actors[index].send(("restore", state, seq))
+        self._rollouts[index].clear()
+        self._next_seq[index], self._sent_version[index], self._sent_buffers[index] = seq, -1, set()
         return time.perf_counter() - start
 
     def resize_actor(self, index: int, groups: int, update: int) -> None:
-        """Gives actor `index` (between its rollouts) a batch of `groups` env groups from its next
-        rollout on: a shrink drops its last groups, a growth adds groups reset from a key folded from
-        the actor and `update` (the update the change goes out with), so a run is reproducible."""
+        """Gives actor `index` a batch of `groups` env groups from its next rollout that has not
+        begun: a shrink drops its last groups, a growth adds groups reset from a key folded from the
+        actor and `update` (the update the change goes out with), so a run is reproducible."""
         self.actors[index].send(("resize", groups, update))
         self.groups[index] = groups
 
-    def _request_states(self, tag, which: dict[int, str], wait: bool) -> Optional[list]:
+    def _request_states(self, tag, which: dict[int, int], wait: bool) -> Optional[list]:
+        """Asks each actor in `which` for the state its rollout `which[i]` starts from."""
         self._states[tag] = {}
-        for i, kind in which.items():
-            self.actors[i].send(("state", tag, kind))
+        for i, seq in which.items():
+            self.actors[i].send(("state", tag, seq))
         if not wait:
             return None
         deadline = time.monotonic() + 300.0
@@ -288,32 +398,50 @@ class AsyncTrainer:
         states = self._states.pop(tag)
         return [states[i] for i in sorted(states)]
 
-    def _batch(self, unrolls: dict, learner, lag: int):
+    def _grant(self, index: int, version: int, host_params) -> None:
+        """Tops actor `index` up to `1 + run_ahead` outstanding rollouts, with parameters `version`."""
+        rollouts, granted = self._rollouts[index], 0
+        while len(rollouts) < 1 + self.run_ahead:
+            rollouts.append(_Rollout(self._next_seq[index], version))
+            self._next_seq[index] += 1
+            granted += 1
+        if granted or (self.run_ahead and self._sent_version[index] < version):
+            # With run-ahead, rollouts started before this actor's next credit use fresh parameters too.
+            self._send_params(index, version, host_params)
+        if granted:
+            self.actors[index].send(("credit", granted, self._oldest_unconsumed(index)))
+
+    def _send_params(self, index: int, version: int, host_params) -> None:
+        if self._sent_version[index] < version:
+            self.actors[index].send(("params", version, *host_params))
+            self._sent_version[index] = version
+
+    def _batch(self, unrolls: dict, learner, stale: bool):
+        """The learner batch of a trajectory (jitted per shape); a stale one gets the proximal policy's log-probs."""
         from jaxrose.ppo_program import to_batch
 
-        batch, stats = to_batch(jax.tree.map(jnp.asarray, unrolls))
-        if lag > 0:
+        batch, stats = to_batch(unrolls)
+        if stale:
             logits = self.executor.net.policy_logits(learner.params, learner.normalizer, batch.obs)
             batch = batch.replace(proximal_log_prob=distribution.log_prob(logits, batch.raw_action))
         return batch, stats
 
-    def _finite_trajectories(self, taken: dict, version: int, nonfinite, skipped: list) -> list[int]:
-        """The actors in `taken` whose trajectory is finite. A non-finite one stops the run, or is
-        dropped with a warning and its actor told to reset its broken envs (before any snapshot
-        asks for its state, so no checkpoint holds them)."""
+    def _finite_trajectories(self, taken: list, version: int, nonfinite, skipped: list) -> list:
+        """The (actor, rollout) pairs in `taken` whose trajectory is finite. A non-finite one stops
+        the run, or is dropped with a warning (with `skip` its actor has already reset its broken
+        envs, before its next rollout began)."""
         from jaxrose.nonfinite import trajectory_stages
 
         good = []
-        for i, (collected, unrolls) in taken.items():
-            stages, kind = trajectory_stages(unrolls), f"trajectories from actor{i}"
+        for i, rollout in taken:
+            stages, kind = trajectory_stages(rollout.unrolls), f"trajectories from actor{i}"
             if not stages:
                 nonfinite.healthy(kind)
-                good.append(i)
+                good.append((i, rollout))
                 continue
             finding = (f"Update {version + 1} received NaN or Inf in: {', '.join(stages)} (actor{i}'s trajectory, "
-                       f"collected with the parameters of update {collected})")
+                       f"collected with the parameters of update {rollout.version})")
             nonfinite.admit(version + 1, finding, kind)
-            self.actors[i].send(("repair",))
             skipped.append({"update": version + 1, "stages": stages, "actor": i})
             nonfinite.warn(finding, f"that trajectory was dropped and actor{i}'s envs with a non-finite state are "
                                     f"reset before its next rollout", kind=kind)
@@ -324,9 +452,11 @@ class AsyncTrainer:
         produced NaN or Inf and is skipped (with `stop`, `nonfinite` raises instead)."""
         from jaxrose.nonfinite import bad_stages
 
-        batch, stats = self._batch(unrolls, learner, lag)
+        batch, stats = self._prepare(unrolls, learner, lag > 0)
         updated, metrics = self._update(learner, batch)
         stages = bad_stages({k: float(v) for k, v in jax.device_get(metrics).items()})
+        if self._learner_delay:
+            time.sleep(self._learner_delay)  # fault injection for tests: a deliberately slow learner
         if not stages:
             nonfinite.healthy("updates")
             return updated, stats
@@ -337,7 +467,7 @@ class AsyncTrainer:
         return None, stats
 
     def _apply_resources(self, manager, take: list[int], version: int) -> None:
-        """Quota restarts and batch sizes the manager decided, for the actors now between rollouts."""
+        """Quota restarts and batch sizes the manager decided, for the actors whose trajectories were just consumed."""
         for i in take:
             env = manager.restart_env(i)
             if env is not None:
@@ -346,6 +476,17 @@ class AsyncTrainer:
             if groups is not None:
                 manager.resized(i, self.groups[i], groups, version)
                 self.resize_actor(i, groups, version)
+
+    def _choose(self, version: int) -> tuple[list, bool]:
+        """The rollouts the next update consumes, and whether they must all arrive first: every
+        rollout whose lag would pass the bound if this update went without it (urgent), else the
+        arrived trajectory with the oldest parameters."""
+        urgent = [(i, r) for i in range(self.num_actors) for r in self._rollouts[i]
+                  if version + 1 - r.params_version > self.max_lag]
+        if urgent:
+            return urgent, True
+        arrived = [(r.version, i, r.seq, r) for i in range(self.num_actors) for r in self._rollouts[i] if r.arrived]
+        return ([(min(arrived)[1], min(arrived)[3])] if arrived else []), False
 
     def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: float = 300.0,
             on_update=None, start: Optional[Snapshot] = None, snapshot_due=None, on_snapshot=None,
@@ -373,53 +514,57 @@ class AsyncTrainer:
         else:
             learner, version, consumed = jax.device_put(start.learner), start.updates, start.env_steps
             for i, (actor, state) in enumerate(zip(self.actors, start.actors, strict=True)):
-                actor.send(("restore", state))
+                actor.send(("restore", state, self._next_seq[i]))
                 self.groups[i] = groups_of(state[0])
-        self._manager, self._ready = manager, {}
+        self._manager = manager
+        self._sent_version = [-1] * self.num_actors  # a new run's versions start again
         if manager is not None:
             manager.start(self)
-        params_sent = {}
         host_params = jax.device_get((learner.params, learner.normalizer))
-        for i, actor in enumerate(self.actors):
-            actor.send(("params", version, *host_params))
-            params_sent[i] = version
+        for i in range(self.num_actors):
+            self._grant(i, version, host_params)
         lags, depths, returns, shapes, skipped, batch_sizes = [], [], [], [], [], set()
         rollouts = {i: 0 for i in range(self.num_actors)}
-        ready = self._ready
         pending: dict = {}  # snapshots waiting for actors' states
         start_time, done = time.perf_counter(), version
         steps_per_group_rollout = self.config.env_steps_per_iteration // self.config.env.num_groups
         while ((done < updates) if updates is not None else (consumed < env_steps)) and not (
                 should_stop is not None and should_stop()):
-            urgent = [i for i in range(self.num_actors) if version + 1 - params_sent[i] > self.max_lag]
-            waited = self._gather(urgent or None, timeout)
-            take = urgent if urgent else [min(ready, key=lambda i: ready[i][0])]
-            depths.append(len(ready))
-            taken = {i: ready.pop(i) for i in take}
-            consumed += sum(_trajectory_groups(u) for _, u in taken.values()) * steps_per_group_rollout
-            used = self._finite_trajectories(taken, version, nonfinite, skipped)
-            batch_lags = [version - taken[i][0] for i in used]
+            take, urgent = self._choose(version)
+            if urgent:  # arrivals only make parameter versions exact (newer): the set stays urgent
+                waited = self._gather(lambda: all(r.arrived for _, r in take), timeout)
+            else:
+                waited = self._gather(lambda: bool(self._choose(version)[0]), timeout)
+                take, _ = self._choose(version)
+            depths.append(sum(r.arrived for rs in self._rollouts for r in rs))
+            take.sort(key=lambda pair: (pair[0], pair[1].seq))
+            for i, rollout in take:
+                self._rollouts[i].remove(rollout)
+                rollouts[i] += 1
+            consumed += sum(_trajectory_groups(r.unrolls) for _, r in take) * steps_per_group_rollout
+            used = self._finite_trajectories(take, version, nonfinite, skipped)
+            batch_lags = [version - r.version for _, r in used]
             updated, stats = None, None
             if used:
-                trajectory = _concatenate([taken[i][1] for i in used])
+                trajectory = _concatenate([r.unrolls for _, r in used])
                 batch_sizes.add(_segments(trajectory))
-                updated, stats = self._learn(learner, trajectory, max(batch_lags), version, nonfinite, skipped, used)
+                updated, stats = self._learn(learner, trajectory, max(batch_lags), version, nonfinite, skipped,
+                                             [i for i, _ in used])
             if updated is not None:
                 learner, version, done = updated, version + 1, done + 1
                 lags.extend(batch_lags)
-                shapes.extend((i, _trajectory_groups(taken[i][1])) for i in used)
+                shapes.extend((i, _trajectory_groups(r.unrolls)) for i, r in used)
                 if float(stats["episodes"]) > 0:
                     returns.append(float(stats["episode_return"]))
                 if snapshot_due is not None and snapshot_due(version, consumed):
-                    pending[version] = self._snapshot_request(version, consumed, learner, take)
+                    pending[version] = self._snapshot_request(version, consumed, learner)
+            actors_taken = sorted({i for i, _ in take})
             if manager is not None:
                 manager.on_update(time.perf_counter(), batch_lags, depths[-1], waited)
-                self._apply_resources(manager, take, version)
+                self._apply_resources(manager, actors_taken, version)
             host_params = jax.device_get((learner.params, learner.normalizer))
-            for i in take:
-                rollouts[i] += 1
-                self.actors[i].send(("params", version, *host_params))
-                params_sent[i] = version
+            for i in range(self.num_actors):
+                self._grant(i, version, host_params)
             self._deliver(pending, on_snapshot)
             if on_update is not None and updated is not None:
                 on_update(done, consumed, learner, {"lags": batch_lags, "queue_depth": depths[-1],
@@ -429,26 +574,25 @@ class AsyncTrainer:
                                                  "skipped": len(skipped)})
         wall = time.perf_counter() - start_time
         if on_snapshot is not None:
-            if version not in pending:  # every actor is rolling out from the state to save by now
-                pending[version] = self._snapshot_request(version, consumed, learner, [])
+            if version not in pending:  # every actor's oldest unconsumed rollout starts from the state to save
+                pending[version] = self._snapshot_request(version, consumed, learner)
             deadline = time.monotonic() + timeout
             while pending:
                 self._pump(deadline)
                 self._deliver(pending, on_snapshot)
-        # Every actor has one rollout out: wait for it, so the actors are idle and a later `run` starts clean.
-        deadline = time.monotonic() + timeout
-        while len(ready) < self.num_actors:
-            self._pump(deadline)
-        ready.clear()
+        # Wait for every rollout granted, so the actors are idle and a later `run` starts clean.
+        self._gather(lambda: all(r.arrived for rs in self._rollouts for r in rs), timeout)
+        for rs in self._rollouts:
+            rs.clear()
         return AsyncResult(learner, done - (start.updates if start else 0), lags, rollouts, depths, wall,
                            consumed - (start.env_steps if start else 0), returns,
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
                            sorted(batch_sizes), skipped)
 
-    def _snapshot_request(self, version: int, consumed: int, learner, take: list[int]) -> tuple:
-        """Asks every actor for the state its next unconsumed rollout starts from (see the module doc)."""
-        self._request_states(("snapshot", version), {i: "current" if i in take else "start"
-                                                     for i in range(self.num_actors)}, wait=False)
+    def _snapshot_request(self, version: int, consumed: int, learner) -> tuple:
+        """Asks every actor for the state its oldest unconsumed rollout starts from (see the module doc)."""
+        self._request_states(("snapshot", version), {i: self._oldest_unconsumed(i) for i in range(self.num_actors)},
+                             wait=False)
         return jax.device_get(learner), consumed
 
     def _deliver(self, pending: dict, on_snapshot) -> None:
@@ -474,20 +618,47 @@ class AsyncTrainer:
                     _, index, tag, state = message
                     self._states[tag][index] = state
                     continue
-                _, index, version, unrolls, seconds = message
-                self._ready[index] = (version, unrolls)
-                if self._manager is not None:
-                    self._manager.on_trajectory(index, seconds)
+                self._receive_trajectory(*message[1:])
 
-    def _gather(self, needed: Optional[list[int]], timeout: float) -> float:
-        """Receives trajectories: at least one if `needed` is None, else one from each needed actor.
-        Returns the seconds the learner waited."""
-        start, ready = time.perf_counter(), self._ready
+    def _receive_trajectory(self, index: int, seq: int, version: int, groups: int, payload: tuple,
+                            seconds: float) -> None:
+        """Copies a trajectory out of its slot (freeing it for the actor) or takes it from the pipe;
+        after a batch size's first trajectory, the actor gets buffers for that size."""
+        from jaxrose.transport import make_buffers
+
+        how, data = payload
+        self.hand_offs[how] += 1
+        if how == "slot":
+            unrolls = self._buffers[(index, groups)][data].read()
+        else:
+            unrolls = data
+            if (index, groups) not in self._buffers:
+                shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), unrolls)
+                self._buffers[(index, groups)] = [make_buffers(shapes, self.transport)
+                                                  for _ in range(1 + self.run_ahead)]
+            if groups not in self._sent_buffers[index]:
+                slots = self._buffers[(index, groups)]
+                self.actors[index].send(("buffers", groups, [b.describe() for b in slots]))
+                self._sent_buffers[index].add(groups)
+        rollout = next((r for r in self._rollouts[index] if r.seq == seq), None)
+        if rollout is None:  # granted before a restart of its actor: dropped
+            return
+        rollout.version, rollout.unrolls = version, unrolls
+        if self._manager is not None and groups == self.groups[index]:  # not an old batch size's rollout
+            self._manager.on_trajectory(index, seconds)
+
+    def _gather(self, satisfied, timeout: float) -> float:
+        """Receives until `satisfied()`; returns the seconds the learner waited."""
+        start = time.perf_counter()
         deadline = time.monotonic() + timeout
-        while (needed is None and not ready) or (needed and any(i not in ready for i in needed)):
+        while not satisfied():
             self._pump(deadline)
         return time.perf_counter() - start
 
     def close(self) -> None:
         for actor in self.actors:
             actor.stop()
+        for slots in self._buffers.values():
+            for slot in slots:
+                slot.close()
+        self._buffers.clear()

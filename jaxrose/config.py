@@ -223,6 +223,11 @@ class RunConfig:
     `max_policy_lag` updates (EBRL)."""
     actors: int = 2
     max_policy_lag: int = 1
+    actor_run_ahead: int = 1
+    """Asynchronous mode: rollouts an actor may start before the learner has consumed its previous
+    trajectory, with the newest parameters it has (0: each actor waits for the update of its own
+    trajectory). Run-ahead hides the learner behind the rollouts; it is capped at max_policy_lag,
+    since a rollout started ahead is consumed at least one update after its parameters."""
     resources: ResourceConfig = ResourceConfig()
     """The asynchronous mode's resource manager (off by default)."""
     devices: int = 1
@@ -252,6 +257,7 @@ class RunConfig:
         _require(self.devices >= 1, f"run.devices must be >= 1, got {self.devices}.")
         _require(self.actors >= 1, f"run.actors must be >= 1, got {self.actors}.")
         _require(self.max_policy_lag >= 0, f"run.max_policy_lag must be >= 0, got {self.max_policy_lag}.")
+        _require(self.actor_run_ahead >= 0, f"run.actor_run_ahead must be >= 0, got {self.actor_run_ahead}.")
         _require(self.resources.manager == "off" or self.mode == "async",
                  "run.resources.manager='on' needs run.mode='async' (it rebalances actor and learner processes).")
         _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")

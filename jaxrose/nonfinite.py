@@ -156,7 +156,14 @@ def params_health(params) -> dict[str, jax.Array]:
 
 
 def trajectory_stages(unrolls: dict) -> list[str]:
-    """The stages whose output in a trajectory (host arrays, `[U, T, G, E, ...]`) holds NaN or Inf."""
+    """The stages whose output in a trajectory (`[U, T, G, E, ...]`, on the host or the device) holds NaN or Inf."""
     observations = [unrolls[k] for k in ("obs", "last_obs", "final_obs") if k in unrolls]
-    bad = [] if all(np.isfinite(x).all() for x in observations) else ["env_step_observations"]
-    return bad + ([] if np.isfinite(unrolls["reward"]).all() else ["env_step_rewards"])
+    observations_ok, rewards_ok = jax.device_get(_finite_flags(observations, unrolls["reward"]))
+    return ([] if observations_ok else ["env_step_observations"]) + ([] if rewards_ok else ["env_step_rewards"])
+
+
+@jax.jit
+def _finite_flags(observations, reward):
+    """Reduced where the data is: a trajectory on the GPU is not copied to the host to be checked."""
+    return (jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in observations])),
+            jnp.all(jnp.isfinite(reward)))
