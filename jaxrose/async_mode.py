@@ -68,6 +68,10 @@ class AsyncResult:
     """The distinct learner batch sizes (segments) met; the learner compiled once for each."""
     skipped: list[dict] = dataclasses.field(default_factory=list)
     """Trajectories and updates dropped for NaN or Inf (`run.on_nonfinite='skip'`)."""
+    hand_offs: dict = dataclasses.field(default_factory=dict)
+    """Trajectories received through transport buffers ("slot") and through the pipe ("pipe")."""
+    run_ahead: int = 0
+    transport: str = "host"
 
     @property
     def rollout_sps(self) -> float:
@@ -587,7 +591,7 @@ class AsyncTrainer:
         return AsyncResult(learner, done - (start.updates if start else 0), lags, rollouts, depths, wall,
                            consumed - (start.env_steps if start else 0), returns,
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
-                           sorted(batch_sizes), skipped)
+                           sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport)
 
     def _snapshot_request(self, version: int, consumed: int, learner) -> tuple:
         """Asks every actor for the state its oldest unconsumed rollout starts from (see the module doc)."""

@@ -238,6 +238,9 @@ def run_sequential(config, sampler) -> tuple[dict, Any]:
         compile_seconds=result.compile_seconds,
         eval_seconds=[e["eval/walltime"] for e in evals], eval_returns=[e["eval/episode_return"] for e in evals],
         eval_env_steps=[e["env_steps"] for e in evals], final_return=result.final_return,
+        # Wall clock from the call's start: learning curves against time, and time to a return threshold.
+        eval_done_seconds=[e["done_time"] - start for e in evals],
+        iteration_start_seconds=[t - start for t in result.iteration_start_times],
     )
     if any("eval/success_rate" in e for e in evals):  # tasks with a success metric (arm_push)
         summary["eval_success_rates"] = [e.get("eval/success_rate") for e in evals]
@@ -399,7 +402,10 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "compile_seconds": result.compile_seconds, "total_wall_seconds": total, "seconds_to_steady": t0 - start,
         "eval_seconds": [e["eval/walltime"] for e in evals], "eval_returns": [e["eval/episode_return"] for e in evals],
         "eval_env_steps": [e["env_steps"] for e in evals], "final_return": result.final_return,
-        "eval_worker": result.eval_worker,
+        "eval_worker": result.eval_worker, "eval_done_seconds": [e["done_time"] - start for e in evals],
+        "update_start_seconds": [t - start for t in result.iteration_start_times],
+        "update_seconds": list(result.iteration_seconds), "hand_offs": run.hand_offs,
+        "run_ahead": run.run_ahead, "transport": run.transport,
     }
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)

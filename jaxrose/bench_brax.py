@@ -127,6 +127,7 @@ def run_brax(config, sampler) -> dict:
         eval_returns=[m["eval/episode_reward"] for _, _, m in calls],
         eval_env_steps=[step for _, step, _ in calls],
         final_return=calls[-1][2]["eval/episode_reward"],
+        eval_done_seconds=[t - start for t, _, _ in calls],  # wall clock from the call's start
     )
     return result
 
