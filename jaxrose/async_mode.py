@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import queue
-import threading
+import functools
 import time
 from multiprocessing.connection import wait
 from typing import Optional
@@ -46,7 +45,7 @@ import numpy as np
 
 from jaxrose import distribution
 from jaxrose.config import ConfigError, TrainConfig
-from jaxrose.workers import Worker
+from jaxrose.workers import Inbox, Worker
 
 
 @dataclasses.dataclass
@@ -92,32 +91,6 @@ class Snapshot:
     actors: list
     updates: int
     env_steps: int
-
-
-class _Inbox:
-    """The actor's messages, read by a thread as they arrive: a learner sending parameters never
-    waits for an actor that is busy rolling out (the main thread is inside a jitted call)."""
-
-    def __init__(self, conn):
-        self._queue: queue.Queue = queue.Queue()
-        self._conn = conn
-        threading.Thread(target=self._read, name="actor-inbox", daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):  # the learner is gone
-                message = ("stop",)
-            self._queue.put(message)
-            if message[0] == "stop":
-                return
-
-    def get(self, block: bool) -> Optional[tuple]:
-        try:
-            return self._queue.get(block=block)
-        except queue.Empty:
-            return None
 
 
 def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds: float, env=None) -> None:
@@ -167,7 +140,7 @@ def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds
         return reset_broken_envs(layout(groups_of(env_state)), env_state, key)[0]
 
     skip_nonfinite = config.run.on_nonfinite == "skip"
-    inbox = _Inbox(conn)
+    inbox = Inbox(conn)
     conn.send(("ready", {"platform": jax.devices()[0].platform, "groups": groups}))
     seq, credits, newest = 0, 0, None  # next rollout; rollouts granted; (version, params, normalizer)
     starts = {0: (env_state, key)}  # start state of every rollout not yet consumed, and of the next
@@ -329,7 +302,10 @@ class AsyncTrainer:
         self.executor = SequentialExecutor(config, env=env)  # the learner, network and key layout
         self._custom_env = env
         self._update = jax.jit(_with_params_health(self.executor.learner.update))
-        self._prepare = jax.jit(self._batch, static_argnums=2)
+        # One program for every batch: with a lag bound above 0 every batch gets the proximal policy's
+        # log-probs (at lag 0 they equal the behaviour's up to rounding); a second variant would
+        # compile again mid-run, the first time a batch arrives at lag 0.
+        self._prepare = jax.jit(functools.partial(self._batch, stale=max_lag > 0))
         self._learner_delay = learner_delay
         self._delays = actor_delays or {}
         self.groups = [config.env.num_groups // num_actors] * num_actors  # each actor's batch size
@@ -456,7 +432,7 @@ class AsyncTrainer:
         produced NaN or Inf and is skipped (with `stop`, `nonfinite` raises instead)."""
         from jaxrose.nonfinite import bad_stages
 
-        batch, stats = self._prepare(unrolls, learner, lag > 0)
+        batch, stats = self._prepare(unrolls, learner)
         updated, metrics = self._update(learner, batch)
         stages = bad_stages({k: float(v) for k, v in jax.device_get(metrics).items()})
         if self._learner_delay:
@@ -633,9 +609,9 @@ class AsyncTrainer:
         how, data = payload
         self.hand_offs[how] += 1
         if how == "slot":
-            unrolls = self._buffers[(index, groups)][data].read()
+            unrolls = jax.tree.map(jnp.asarray, self._buffers[(index, groups)][data].read())
         else:
-            unrolls = data
+            unrolls = jax.tree.map(jnp.asarray, data)  # device arrays, as read from a slot: one learner program
             if (index, groups) not in self._buffers:
                 shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), unrolls)
                 self._buffers[(index, groups)] = [make_buffers(shapes, self.transport)

@@ -15,7 +15,7 @@ from typing import Optional
 import jax
 
 from jaxrose.config import TrainConfig
-from jaxrose.workers import Worker
+from jaxrose.workers import Inbox, Worker
 
 
 
@@ -30,10 +30,11 @@ def _serve(conn, config: TrainConfig) -> None:
     evaluate = make_evaluate(env, net, config.run.num_eval_envs, config.env.episode_length,
                              config.run.deterministic_eval)
     device = jax.devices()[0]
+    inbox = Inbox(conn)  # the trainer's submit never waits for an evaluation in progress
     conn.send(("ready", {"platform": device.platform, "device_kind": device.device_kind,
                          "core_count": getattr(device, "core_count", None)}))
     while True:
-        message = conn.recv()
+        message = inbox.get(block=True)
         if message[0] == "stop":
             return
         _, iteration, params, normalizer = message

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import queue
+import threading
 import time
 import traceback
 import warnings
@@ -130,3 +132,29 @@ class Worker:
             self.process.kill()
             self.process.join(2.0)
         self._conn.close()
+
+
+class Inbox:
+    """A worker's messages, read by a thread as they arrive, so a controller sending to a busy worker
+    (its main thread inside a jitted call) never waits for it; a closed pipe reads as ("stop",)."""
+
+    def __init__(self, conn):
+        self._queue: queue.Queue = queue.Queue()
+        self._conn = conn
+        threading.Thread(target=self._read, name="worker-inbox", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):  # the controller is gone
+                message = ("stop",)
+            self._queue.put(message)
+            if message[0] == "stop":
+                return
+
+    def get(self, block: bool) -> Optional[tuple]:
+        try:
+            return self._queue.get(block=block)
+        except queue.Empty:
+            return None
