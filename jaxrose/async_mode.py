@@ -176,9 +176,6 @@ def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds
             version, params, normalizer = newest
             began = time.perf_counter()
             env_state, key, unrolls = collect(params, normalizer, *starts[seq])
-            if skip_nonfinite and trajectory_stages(unrolls):
-                key, repair_key = jax.random.split(key)
-                env_state = repair(env_state, repair_key)
             size = _trajectory_groups(unrolls)
             if size in buffers:
                 slot = seq % len(buffers[size])
@@ -189,6 +186,9 @@ def _actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds
             if delay_seconds:
                 time.sleep(delay_seconds)  # fault injection for tests: a deliberately slow group
             conn.send(("trajectory", index, seq, version, size, payload, time.perf_counter() - began))
+            if skip_nonfinite and trajectory_stages(unrolls):  # after the send: the repair may compile
+                key, repair_key = jax.random.split(key)
+                env_state = repair(env_state, repair_key)
             seq, credits = seq + 1, credits - 1
             starts[seq] = (env_state, key)
     finally:
@@ -624,6 +624,9 @@ class AsyncTrainer:
         if rollout is None:  # granted before a restart of its actor: dropped
             return
         rollout.version, rollout.unrolls = version, unrolls
+        for later in self._rollouts[index]:  # they start after it, with its parameters or newer ones
+            if later.seq > seq:
+                later.lower_bound = max(later.lower_bound, version)
         if self._manager is not None and groups == self.groups[index]:  # not an old batch size's rollout
             self._manager.on_trajectory(index, seconds)
 

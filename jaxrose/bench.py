@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from jaxrose.bench_brax import run_brax
-from jaxrose.bench_report import SYSTEM_LABELS, is_finite_number, jsonable, append_record, plot_results, render_markdown
+from jaxrose.bench_report import SYSTEM_LABELS, append_record, is_finite_number, jsonable, plot_results, render_markdown
 
 SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "tuned", "async")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "tuned")
@@ -75,6 +75,9 @@ class BenchConfig:
     eval_sm_percentage: Optional[int] = _setting(
         None, "SM quota (%%) of the evaluation process in the overlapped, spread and async systems: evaluation has a "
               "whole evaluation period of slack, so it can give SMs to training (None: no cap)", int)
+    return_threshold: Optional[float] = _setting(
+        None, "evaluation return for the time-to-threshold comparison (default: the highest return every "
+              "system reached)", float)
     repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
     out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")
     train_args: tuple[str, ...] = _setting((), "`jaxrose train` settings applied to the preset for every system, "
@@ -458,6 +461,34 @@ def compute_limits(config, sim: Optional[dict], update: Optional[dict]) -> dict:
     return limits
 
 
+# -- time to a return threshold -------------------------------------------------------------------
+
+
+def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
+    """Adds `steps_to_threshold` (env steps of the first evaluation after training began at or above
+    the threshold) and `seconds_to_threshold` (those steps at the system's steady rate including
+    evaluations: wall clock with compilation excluded) to every system with a learning curve; returns
+    the threshold used. Without one stated, it is the highest return every system reached after
+    training began, so each has a time."""
+    def trained(summary):  # (env steps, return) of the evaluations after the first update
+        return [(steps, r) for steps, r in zip(summary.get("eval_env_steps", ()), summary.get("eval_returns", ()))
+                if steps > 0 and is_finite_number(r)]
+
+    curves = {name: s for name, s in systems.items() if s.get("status") == "ok" and trained(s)}
+    if not curves:
+        return {}
+    stated = threshold is not None
+    if not stated:
+        threshold = min(max(r for _, r in trained(s)) for s in curves.values())
+    for summary in curves.values():
+        reached = [steps for steps, r in trained(summary) if r >= threshold]
+        summary["steps_to_threshold"] = reached[0] if reached else None
+        rate = summary.get("steady_sps_with_evals")
+        summary["seconds_to_threshold"] = (reached[0] / rate if reached and is_finite_number(rate) and rate > 0
+                                           else None)
+    return {"return": threshold, "stated": stated}
+
+
 # -- ratios ---------------------------------------------------------------------------------------
 
 RATIOS = (
@@ -489,6 +520,12 @@ RATIOS = (
     ("jaxrose async / rollout ceiling (incl. evals)", "systems.async.steady_sps_with_evals",
      "limits.rollout_ceiling_sps"),
     ("jaxrose async rollout / jaxrose sequential", "systems.async.rollout_sps", "systems.sequential.steady_sps"),
+    ("time to return threshold: brax / jaxrose async (speedup)", "systems.brax.seconds_to_threshold",
+     "systems.async.seconds_to_threshold"),
+    ("time to return threshold: brax / jaxrose sequential (speedup)", "systems.brax.seconds_to_threshold",
+     "systems.sequential.seconds_to_threshold"),
+    ("time to return threshold: jaxrose sequential / jaxrose async (speedup)",
+     "systems.sequential.seconds_to_threshold", "systems.async.seconds_to_threshold"),
     ("brax / rollout ceiling", "systems.brax.steady_sps", "limits.rollout_ceiling_sps"),
     ("brax / synchronous limit", "systems.brax.steady_sps", "limits.synchronous_limit_sps"),
 )
@@ -567,6 +604,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                      "steady_skip_iterations": steady_skip(config)},
         "systems": systems,
         "limits": compute_limits(config, systems.get("sim"), update),
+        "threshold": time_to_threshold(systems, bench.return_threshold),
     }
     results["ratios"] = compute_ratios(results)
     results["gpu_activity"] = {

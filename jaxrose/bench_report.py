@@ -88,6 +88,15 @@ def render_markdown(results: dict) -> str:
         lines += ["", "| ratio | value | from |", "| --- | ---: | --- |"]
         lines += [f"| {r['name']} | {r['value']:.3f} | `{r['numerator']}` / `{r['denominator']}` |"
                   for r in results["ratios"]]
+    threshold = results.get("threshold") or {}
+    timed = {n: s for n, s in results["systems"].items() if s.get("status") == "ok" and "steps_to_threshold" in s}
+    if threshold and timed:
+        how = "stated" if threshold["stated"] else "the highest return every system reached"
+        lines += ["", f"Time to an evaluation return of {threshold['return']:.4g} ({how}); seconds: those env "
+                      f"steps at the system's steady rate including evaluations (compilation excluded).", "",
+                  "| system | env steps to threshold | seconds to threshold |", "| --- | ---: | ---: |"]
+        lines += [f"| {SYSTEM_LABELS[n]} | {_fmt(s['steps_to_threshold'])} | {_fmt(s['seconds_to_threshold'], '.1f')} |"
+                  for n, s in timed.items()]
     lines += ["", *_eval_lines(results), *_notes(results), ""]
     return "\n".join(lines)
 
@@ -131,9 +140,9 @@ def plot_results(results: dict, png_path: str) -> str:
 
     systems = {name: s for name, s in results["systems"].items() if s.get("status") == "ok"}
     with_success = {name: s for name, s in systems.items() if s.get("eval_success_rates")}
-    panels = 3 + bool(with_success)
+    panels = 4 + bool(with_success)
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5))
-    bars, activity, curves = axes[:3]
+    bars, activity, curves, clock = axes[:4]
     for i, (name, summary) in enumerate(systems.items()):
         for offset, key, color in ((-0.2, "steady_sps", "C0"), (0.2, "steady_sps_with_evals", "C1")):
             value = summary.get(key)
@@ -177,16 +186,32 @@ def plot_results(results: dict, png_path: str) -> str:
     curves.grid(alpha=0.3)
     if curves.lines:
         curves.legend(fontsize=8)
+    # The same curves against wall clock, from the end of each system's first evaluation (training's
+    # start; a system that compiles lazily pays its first compile inside the curve).
+    for i, (name, s) in enumerate(systems.items()):
+        if s.get("eval_returns") and s.get("eval_done_seconds"):
+            t0 = s["eval_done_seconds"][0]
+            clock.plot([t - t0 for t in s["eval_done_seconds"]], s["eval_returns"], "o-", color=f"C{i}",
+                       label=SYSTEM_LABELS[name])
+    threshold = (results.get("threshold") or {}).get("return")
+    if is_finite_number(threshold) and clock.lines:
+        clock.axhline(threshold, color="0.4", ls=":", lw=1, label="return threshold")
+    clock.set_xlabel("wall-clock seconds since the first evaluation")
+    clock.set_ylabel("evaluation return")
+    clock.grid(alpha=0.3)
+    if clock.lines:
+        clock.legend(fontsize=8)
     if with_success:
+        success = axes[4]
         for i, (name, s) in enumerate(systems.items()):
             if name in with_success:
                 points = [(x, y) for x, y in zip(s["eval_env_steps"], s["eval_success_rates"]) if y is not None]
-                axes[3].plot(*zip(*points), "o-", color=f"C{i}", label=SYSTEM_LABELS[name])
-        axes[3].set_xlabel("env steps")
-        axes[3].set_ylabel("evaluation success rate")
-        axes[3].set_ylim(-0.02, 1.02)
-        axes[3].grid(alpha=0.3)
-        axes[3].legend(fontsize=8)
+                success.plot(*zip(*points), "o-", color=f"C{i}", label=SYSTEM_LABELS[name])
+        success.set_xlabel("env steps")
+        success.set_ylabel("evaluation success rate")
+        success.set_ylim(-0.02, 1.02)
+        success.grid(alpha=0.3)
+        success.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)

@@ -1,6 +1,7 @@
 """Asynchronous mode with real actor processes: lag bound, lag 0 = synchronous, no stall, shutdown."""
 
 import multiprocessing
+import time
 
 import jax
 import numpy as np
@@ -27,18 +28,42 @@ def test_lag_zero_with_one_actor_is_the_sequential_run(tiny_config):
     assert not multiprocessing.active_children()
 
 
-@pytest.mark.parametrize("max_lag", [0, 2])
-def test_lag_bound_is_never_exceeded(tiny_config, max_lag):
+@pytest.mark.parametrize("max_lag, run_ahead", [(0, 1), (1, 1), (2, 2)])
+def test_lag_bound_is_never_exceeded(tiny_config, max_lag, run_ahead):
     config = replace(tiny_config, **{"env.num_groups": 4})
-    trainer = AsyncTrainer(config, num_actors=4, max_lag=max_lag)
+    trainer = AsyncTrainer(config, num_actors=4, max_lag=max_lag, run_ahead=run_ahead)
     try:
         result = trainer.run(updates=6)
     finally:
         trainer.close()
+    assert result.run_ahead == min(run_ahead, max_lag)  # a rollout started ahead has a lag of at least 1
     assert max(result.lags) <= max_lag
     assert result.updates == 6
     if max_lag == 0:
         assert all(n == 6 for n in result.rollouts_per_actor.values())  # every update takes all groups
+
+
+def test_run_ahead_hides_a_slow_learner_behind_the_rollouts(tiny_config):
+    # One actor whose rollout takes 0.3 s and a learner whose update takes 0.25 s more (fault
+    # injection). Waiting for its own update, the actor pays both per update; running one rollout
+    # ahead with the parameters it has, it pays only its own, at a lag of 1.
+    config = replace(tiny_config, **{"env.num_groups": 1})
+    intervals, results = {}, {}
+    for run_ahead in (0, 1):
+        trainer = AsyncTrainer(config, num_actors=1, max_lag=1, run_ahead=run_ahead, actor_delays={0: 0.3},
+                               learner_delay=0.25)
+        times = []
+        try:
+            results[run_ahead] = trainer.run(updates=9, on_update=lambda *_: times.append(time.perf_counter()))
+        finally:
+            trainer.close()
+        intervals[run_ahead] = (times[-1] - times[3]) / (len(times) - 4)  # after compiles
+    assert results[0].lags == [0] * 9 and results[1].lags == [0] + [1] * 8
+    assert intervals[0] > 0.5 and intervals[1] < 0.45 and intervals[1] < 0.75 * intervals[0], intervals
+    # Every trajectory after the first of its batch size came back through the transport buffers.
+    for run_ahead, result in results.items():
+        assert result.hand_offs["pipe"] <= 1 + run_ahead and sum(result.hand_offs.values()) >= 9, result.hand_offs
+    assert not multiprocessing.active_children()
 
 
 def test_a_slow_group_does_not_stall_the_others(tiny_config):

@@ -151,6 +151,36 @@ def test_parse_args_defaults_and_lists():
     assert parse_args([]).systems == ("brax", "sim", "sequential", "overlapped", "spread", "async")
 
 
+def test_time_to_threshold_is_the_first_evaluation_at_or_above_it_at_the_steady_rate(bench_run):
+    _, results, _ = bench_run
+    curves = {n: s for n, s in results["systems"].items() if s.get("eval_returns")}
+    assert set(curves) == {"brax", "sequential", "overlapped", "spread", "tuned", "async"}
+    threshold = results["threshold"]
+    assert threshold == {"return": min(max(s["eval_returns"][1:]) for s in curves.values()), "stated": False}
+    for name, s in curves.items():  # every system reached the default threshold after training began
+        first = next(i for i, r in enumerate(s["eval_returns"]) if i > 0 and r >= threshold["return"])
+        assert s["steps_to_threshold"] == s["eval_env_steps"][first], name
+        assert s["seconds_to_threshold"] == pytest.approx(s["eval_env_steps"][first] / s["steady_sps_with_evals"])
+    assert "Time to an evaluation return of" in (bench_run[0] / "results.md").read_text()
+
+
+def test_a_stated_threshold_not_reached_has_no_time():
+    from jaxrose.bench import time_to_threshold
+
+    systems = {"brax": {"status": "ok", "eval_returns": [-5.0, 1.0, 3.0], "eval_env_steps": [0, 100, 200],
+                        "steady_sps_with_evals": 50.0},
+               # the evaluation before training does not count, however high
+               "async": {"status": "ok", "eval_returns": [9.0, 2.5, 2.0], "eval_env_steps": [0, 100, 200],
+                         "steady_sps_with_evals": 100.0},
+               "sim": {"status": "ok", "steady_sps": 1e6}}
+    assert time_to_threshold(systems) == {"return": 2.5, "stated": False}
+    assert (systems["brax"]["steps_to_threshold"], systems["brax"]["seconds_to_threshold"]) == (200, 4.0)
+    assert (systems["async"]["steps_to_threshold"], systems["async"]["seconds_to_threshold"]) == (100, 1.0)
+    assert "steps_to_threshold" not in systems["sim"]
+    assert time_to_threshold(systems, 3.0) == {"return": 3.0, "stated": True}
+    assert systems["async"]["steps_to_threshold"] is None and systems["async"]["seconds_to_threshold"] is None
+
+
 def test_train_settings_after_the_separator_apply_to_every_system():
     from jaxrose.bench import _bench_args, train_config
 
@@ -207,4 +237,4 @@ def test_plot_adds_a_success_panel_for_tasks_with_a_success_metric(bench_run, tm
     sequential["eval_success_rates"] = [0.0] * (len(sequential["eval_env_steps"]) - 1) + [0.5]
     widths = [matplotlib.image.imread(plot_results(r, str(tmp_path / f"{i}.png"))).shape[1]
               for i, r in enumerate((results, with_success))]
-    assert widths[1] == widths[0] * 4 // 3  # bars, SM activity, returns; then success rate
+    assert widths[1] == widths[0] * 5 // 4  # bars, SM activity, returns by steps and by time; then success rate

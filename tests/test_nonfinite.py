@@ -101,7 +101,10 @@ def test_skip_with_groups_spread_over_processes_equals_sequential(tiny_config, t
 
 
 def async_config(config, tmp_path, mode, **changes):
+    # Without run-ahead every actor waits for the update of its own trajectory, which fixes the update
+    # numbers these tests name; `test_async_nan_with_run_ahead_...` covers actors that run ahead.
     return replace(config, **{"run.mode": "async", "run.actors": 2, "run.max_policy_lag": 1, "run.on_nonfinite": mode,
+                              "run.actor_run_ahead": 0,
                               "run.checkpoint_every": 1, "run.keep_checkpoints": 10, "run.num_evals": 2,
                               "run.out_dir": str(tmp_path), **changes})
 
@@ -157,6 +160,26 @@ def test_async_nan_observations_skip_the_trajectory_and_reset_the_actors_broken_
     steps = saved_steps(tmp_path)
     assert max(steps) == 6
     assert_all_finite(steps)
+    assert not multiprocessing.active_children()
+
+
+def test_async_nan_with_run_ahead_skips_each_broken_trajectory_once_and_saves_only_finite_states(tiny_config, tmp_path):
+    # Each actor has started its next rollout before its broken trajectory is checked; it resets its
+    # broken envs itself before that next rollout, so only the broken trajectory is dropped, and no
+    # rollout or snapshot starts from the broken state.
+    config = async_config(tiny_config, tmp_path, "skip", **{"run.actor_run_ahead": 1})
+    with pytest.warns(NonFiniteWarning, match=r"received NaN or Inf in: env_step_observations.*dropped") as caught:
+        result = train(config, executor=SequentialExecutor(config, env=NaNObservationsBetween(36, 38)))
+    warned = [str(w.message) for w in caught if issubclass(w.category, NonFiniteWarning)]
+    run = result.async_result
+    assert run.run_ahead == 1 and len(warned) == 2 and all("1 in a row" in w for w in warned)
+    assert sorted(s["actor"] for s in run.skipped) == [0, 1]
+    # Dropped trajectories count against the budget; the last update may take several trajectories.
+    steps_per_trajectory = config.env_steps_per_iteration // config.env.num_groups
+    kept = sum(g for _, g in run.trajectory_groups) * steps_per_trajectory
+    assert run.env_steps == kept + 2 * steps_per_trajectory >= config.num_iterations * config.env_steps_per_iteration
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(run.learner))
+    assert_all_finite(saved_steps(tmp_path))
     assert not multiprocessing.active_children()
 
 
