@@ -9,8 +9,11 @@ Reported per system: median steady steps/s over epochs or iterations, steady ste
 evaluations (steady env steps / steady wall time), compile time, evaluation time, final return,
 and SM activity/occupancy over the steady window (NVML GPM; None without a GPU). Reported as
 limits: the rollout ceiling (simulation alone, zero actions, same env count) and the synchronous
-limit (that rollout time plus the learner update timed alone, per iteration). Every ratio is the
-quotient of two values measured in this run and names both.
+limit (that rollout time plus the learner update timed alone, per iteration). Per system with a
+learning curve: the env steps and seconds (at its steady rate including evaluations, so compilation is
+excluded) to a return threshold (`--return-threshold`, else the highest return every system reached),
+and its evaluations' wall-clock times. Every ratio is the quotient of two values measured in this run
+and names both. Settings after `--` are `jaxrose train`'s and apply to every system.
 
 Outputs in --out: results.json (all raw numbers), results.md (tables), results.png (charts).
 The brax baseline is `jaxrose.bench_brax`; the tables and charts are drawn by `jaxrose.bench_report`.
