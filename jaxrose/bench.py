@@ -383,8 +383,13 @@ def _overlapped_child(config_path: str, summary_path: str) -> None:
 
 def _async_child(config_path: str, summary_path: str) -> None:
     """Steady window: from the first update after the first evaluation period to the last evaluation's
-    result, as for the synchronous systems; plus the asynchronous mode's own rates and lags."""
+    result, as for the synchronous systems (`steady_sps_with_evals`); `steady_sps` is the same env
+    steps over the steady updates alone (the rollout throughput the learner consumed, before the wait
+    for the final evaluation); plus the asynchronous mode's own rates and lags (`whole_run_*` from
+    the run's start, compilation included)."""
     import pickle
+
+    import jax
 
     from jaxrose.train import train
 
@@ -400,10 +405,12 @@ def _async_child(config_path: str, summary_path: str) -> None:
     first_steady = min(int(np.ceil(first_period / consumed_per_update)), len(result.iteration_start_times) - 1)
     t0, t1 = result.iteration_start_times[first_steady], max(e["done_time"] for e in evals)
     steady_steps = run.env_steps - first_steady * consumed_per_update
+    updates_end = result.iteration_start_times[-1] + result.iteration_seconds[-1]
     summary = {
-        "status": "ok", "steady_sps": steady_steps / (t1 - t0), "steady_sps_with_evals": steady_steps / (t1 - t0),
-        "steady_env_steps": steady_steps, "steady_wall_seconds": t1 - t0, "window": [t0, t1],
-        "rollout_sps": run.rollout_sps, "updates_per_second": run.updates_per_second,
+        "status": "ok", "steady_sps": steady_steps / (updates_end - t0),
+        "steady_sps_with_evals": steady_steps / (t1 - t0), "steady_env_steps": steady_steps,
+        "steady_update_seconds": updates_end - t0, "steady_wall_seconds": t1 - t0, "window": [t0, t1],
+        "whole_run_rollout_sps": run.rollout_sps, "whole_run_updates_per_second": run.updates_per_second,
         "policy_lags": run.lags, "queue_depths": run.queue_depths, "rollouts_per_actor": run.rollouts_per_actor,
         "compile_seconds": result.compile_seconds, "total_wall_seconds": total, "seconds_to_steady": t0 - start,
         "eval_seconds": [e["eval/walltime"] for e in evals], "eval_returns": [e["eval/episode_return"] for e in evals],
@@ -412,6 +419,7 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "update_start_seconds": [t - start for t in result.iteration_start_times],
         "update_seconds": list(result.iteration_seconds), "hand_offs": run.hand_offs,
         "run_ahead": run.run_ahead, "transport": run.transport,
+        "learner_sm_count": getattr(jax.devices()[0], "core_count", None),  # its MPS quota, as the learner sees it
     }
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)
@@ -522,7 +530,8 @@ RATIOS = (
     ("jaxrose async / brax (incl. evals)", "systems.async.steady_sps_with_evals", "systems.brax.steady_sps_with_evals"),
     ("jaxrose async / rollout ceiling (incl. evals)", "systems.async.steady_sps_with_evals",
      "limits.rollout_ceiling_sps"),
-    ("jaxrose async rollout / jaxrose sequential", "systems.async.rollout_sps", "systems.sequential.steady_sps"),
+    ("jaxrose async steady (rollout consumed) / jaxrose sequential steady", "systems.async.steady_sps",
+     "systems.sequential.steady_sps"),
     ("time to return threshold: brax / jaxrose async (speedup)", "systems.brax.seconds_to_threshold",
      "systems.async.seconds_to_threshold"),
     ("time to return threshold: brax / jaxrose sequential (speedup)", "systems.brax.seconds_to_threshold",

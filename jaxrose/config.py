@@ -215,6 +215,10 @@ class RunConfig:
     (an MPS client on a GPU) with the params of iteration k while training continues."""
     eval_sm_percentage: Optional[int] = None
     """SM quota of the evaluation process under MPS (None: no cap)."""
+    learner_sm_percentage: Optional[int] = None
+    """SM quota of the training process itself under MPS (the learner in asynchronous mode), fixed at
+    start; it takes effect where the run starts worker processes under MPS (asynchronous mode, an
+    evaluation process, a plan with helpers). Capping the learner leaves SMs to actors beside it."""
     use_mps: bool = True
     """Use a private MPS daemon for worker processes when the machine offers one."""
     mode: Literal["sync", "async"] = "sync"
@@ -254,6 +258,8 @@ class RunConfig:
         _require(self.checkpoint_every >= 0, f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}.")
         _require(self.eval_sm_percentage is None or 1 <= self.eval_sm_percentage <= 100,
                  f"run.eval_sm_percentage must be a percentage in [1, 100], got {self.eval_sm_percentage}.")
+        _require(self.learner_sm_percentage is None or 1 <= self.learner_sm_percentage <= 100,
+                 f"run.learner_sm_percentage must be a percentage in [1, 100], got {self.learner_sm_percentage}.")
         _require(self.devices >= 1, f"run.devices must be >= 1, got {self.devices}.")
         _require(self.actors >= 1, f"run.actors must be >= 1, got {self.actors}.")
         _require(self.max_policy_lag >= 0, f"run.max_policy_lag must be >= 0, got {self.max_policy_lag}.")

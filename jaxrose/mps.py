@@ -160,13 +160,15 @@ _controller_daemon: Optional[MpsDaemon] = None  # this process's private daemon,
 
 
 def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
-                    compile_cache: Optional[str] = None) -> dict[str, dict[str, str]]:
+                    compile_cache: Optional[str] = None, own_quota: Optional[int] = None) -> dict[str, dict[str, str]]:
     """Makes this process and the workers to come MPS clients of a private daemon, when possible.
 
     `quotas` maps each worker's name to its SM percentage (None: no cap). Returns each worker's
     environment. This process (the controller, which also trains) attaches only if it has not
-    initialised its GPU yet; otherwise, or without MPS, everyone shares the GPU by time slicing and
-    a warning says why. The daemon stops by itself once this process exits.
+    initialised its GPU yet, with the SM quota `own_quota` (None: no cap; fixed from then on);
+    otherwise, or without MPS, everyone shares the GPU by time slicing and a warning says why. The
+    daemon stops by itself once this process exits. A worker without a quota of its own beside a
+    capped controller is given 100% explicitly, since it would otherwise inherit the controller's.
     """
     import warnings
 
@@ -184,7 +186,7 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
     if reason is None and _controller_daemon is None:
         daemon = MpsDaemon()
         if daemon.start():
-            os.environ.update(daemon.client_env())
+            os.environ.update(daemon.client_env(own_quota))
             daemon.stop_when_process_exits(os.getpid())
             _controller_daemon = daemon
     if reason is None and _controller_daemon is not None and not _controller_daemon.alive():
@@ -195,6 +197,12 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
         # Later calls (one per plan measured while tuning) add clients to the same daemon.
         for name, quota in quotas.items():
             envs[name].update(_controller_daemon.client_env(quota))
+            if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in os.environ:  # a spawned child copies os.environ
+                envs[name].setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+        if own_quota is not None and os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != str(own_quota):
+            warnings.warn(f"This process attached to MPS earlier without the SM quota of {own_quota}% asked for now "
+                          f"(a quota is fixed for a process's life); it runs at "
+                          f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '100')}%.", stacklevel=3)
     elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
         warnings.warn(f"Worker processes share the GPU without MPS: {reason}.", stacklevel=3)
     return envs

@@ -106,7 +106,8 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     worker_envs = {}
     if helpers or evaluating_remotely:
         quotas = {**helpers, **({"evaluator": config.run.eval_sm_percentage} if evaluating_remotely else {})}
-        worker_envs = prepare_clients(quotas, config.run.use_mps, config.run.compile_cache)
+        worker_envs = prepare_clients(quotas, config.run.use_mps, config.run.compile_cache,
+                                      own_quota=config.run.learner_sm_percentage)
     remote = None
     try:
         if evaluating_remotely:

@@ -18,6 +18,13 @@
 #           tuning time and trials included (ant-mlp 15M: ~9 min)
 #   quota   ant-mlp 15M: overlapped with the evaluation process capped at 20% of the SMs
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
+#   bg      NAME ARGS...: starts `jaxrose ARGS...` detached (setsid) in /tmp/bg/NAME, for a run longer than one
+#           call; it lives while the machine stays warm, so issue `collect` at once after each call returns
+#   collect NAME [SECONDS]: waits up to SECONDS (default 570) for that run, prints its [bench] lines and brings
+#           back its folder as NAME.tar.gz (partial while it runs); exit 3 while it is still running
+# Measured on the H200 (BENCHMARKS.md, 2026-12-02): each MJX system needs 100-150 s before its steady window
+# (brax 204 s in all for arm-push-mlp at 20M), so brax + sim + sequential is 5-7 minutes per preset, and
+# ant-mlp's asynchronous system 270-310 s at 10M steps: plan one or two presets per call, or use bg/collect.
 set -u
 . scripts/gpu_setup.sh || exit 1
 out=${OUT:-/tmp/out}
@@ -56,6 +63,14 @@ case "${1:?stage}" in
          > "$out/quota.log" 2>&1; grep "\[bench\]" "$out/quota.log" ;;
   faults) timeout 520 python3 scripts/gpu_faults.py ${2:+--cases "$2"} --out "$out/faults.json" > /dev/null 2> "$out/faults.log";
         python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['verdicts'], indent=1))" "$out/faults.json" ;;
+  bg) name=${2:?name}; shift 2; mkdir -p "/tmp/bg/$name"
+      setsid nohup sh -c "python3 -m jaxrose.cli $* > /tmp/bg/$name/log 2>&1; echo \$? > /tmp/bg/$name/exit" \
+        > /dev/null 2>&1 < /dev/null &
+      echo "started $name (pid $!)" ;;
+  collect) name=${2:?name}; deadline=$(( $(date +%s) + ${3:-570} ))
+      while [ ! -f "/tmp/bg/$name/exit" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+      grep "\[bench\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
+      if [ -f "/tmp/bg/$name/exit" ]; then echo "exit $(cat /tmp/bg/$name/exit)"; else echo "still running"; exit 3; fi ;;
   plan) timeout 250 python3 -m jaxrose.cli plan --preset "${2:-ant-mlp}" --out "$out/plan" > "$out/plan.log" 2>&1;
         timeout 300 python3 -m jaxrose.cli tune --preset "${2:-ant-mlp}" --iterations 5 --out "$out/tune" > "$out/tune.log" 2>&1;
         tail -n 5 "$out/plan.log" "$out/tune.log" ;;

@@ -82,3 +82,34 @@ def test_worker_that_missed_its_quota_is_flagged_when_ready(monkeypatch):
 
 def test_a_daemon_that_is_not_running_is_not_alive():
     assert MpsDaemon().alive() is False
+
+
+def test_a_capped_controller_gives_uncapped_workers_100_percent_explicitly(monkeypatch, tmp_path):
+    import os
+
+    import jaxrose.mps as mps
+
+    # Fault injection: a GPU is "present" and a control binary that accepts every command stands in
+    # for the daemon (the real one is exercised on the GPU machine).
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(mps, "CONTROL_BINARY", str(fake))
+    monkeypatch.setattr(mps, "gpu_count", lambda: 1)
+    monkeypatch.setattr(mps, "_controller_daemon", None)
+    monkeypatch.setattr(mps.MpsDaemon, "stop_when_process_exits", lambda self, pid: None)  # no watcher left behind
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
+    for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    envs = mps.prepare_clients({"actor0": None, "evaluator": 30}, own_quota=40)
+    # This process (the learner) is capped at 40%; a spawned worker copies os.environ, so the
+    # uncapped actor must say 100% or it would run at the learner's 40%.
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert envs["actor0"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert envs["evaluator"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+    assert envs["actor0"]["CUDA_MPS_PIPE_DIRECTORY"] == envs["evaluator"]["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    # Asking again for another quota cannot change this process's: a warning says what it runs at.
+    with pytest.warns(UserWarning, match="runs at 40%"):
+        mps.prepare_clients({"actor1": None}, own_quota=60)
