@@ -50,6 +50,8 @@ def make_brax_env(config):
 
     brax's wrappers add keys to `state.metrics` in place (its EvalWrapper adds 'reward'), so an env
     must carry unknown metric keys through `step`, as brax's envs and jaxrose's envs do (tested).
+    The registry's brax tasks trace their `observation_size` abstractly (`envs.brax_mjx`) where brax's
+    runs a reset op by op; that shortens brax's start-up here too, not its steady state.
     """
     from jaxrose.sequential import make_env
 

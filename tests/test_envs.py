@@ -135,3 +135,25 @@ def test_group_wrapper_layout_is_independent_of_grouping():
     s_flat = flat.step(s_flat, actions.reshape(1, 12, 2))
     s_grouped = grouped.step(s_grouped, actions.reshape(3, 4, 2))
     np.testing.assert_array_equal(s_flat.obs.reshape(12, -1), s_grouped.obs.reshape(12, -1))
+
+
+def test_brax_task_observation_size_is_traced_without_compiling():
+    # brax's own `observation_size` runs a reset op by op, compiling each operation (37 s for ant on
+    # this CPU); the registry's traces it abstractly and must agree with the observation a reset makes.
+    import jax
+
+    compiles = []
+
+    def listener(event, seconds, **_):
+        if event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    env = envs.make("hopper")  # the smallest brax MJX model
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        size = env.observation_size
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(compiles) <= 3  # traced, not run: at most the key's own tiny ops compile (brax's: ~1000)
+    assert size == jax.jit(env.reset)(jax.random.PRNGKey(0)).obs.shape[-1]
+    assert env.observation_size is size and type(env).__mro__[1].__module__.startswith("brax.")  # cached; brax's task
