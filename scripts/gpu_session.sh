@@ -9,7 +9,9 @@
 #   spread  PRESET STEPS: sim ceiling, sequential, rollout groups spread over 2 MPS processes
 #           (pusher-transformer 5M: sim + sequential alone took ~6.5 min; give spread its own call:
 #            `python3 scripts/gpu_spread_check.py pusher-transformer 3 --spread-only`, > 3 min)
-#   async   ant-mlp, 50M steps: asynchronous mode (2 actors, lag <= 1) and the sim ceiling (~4 min)
+#   async   [LEARNER_SM%]: ant-mlp 10M steps, 4 evaluations: brax, sim, sequential and async (1 actor of 4096 envs,
+#           run-ahead 1, lag <= 1; the learner capped at LEARNER_SM% if given), started with bg: ~10 min in all, so
+#           follow it at once with `collect async` (it needs two calls)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
 #   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS],... ; each preset with brax, sim, sequential
 #           (default 3 evaluations), each bounded by its SECONDS; suite.tar.gz rewritten after each preset
@@ -28,6 +30,12 @@
 set -u
 . scripts/gpu_setup.sh || exit 1
 out=${OUT:-/tmp/out}
+start_bg() {  # NAME ARGS...: `jaxrose ARGS...` detached, logging to /tmp/bg/NAME
+  local name=$1; shift; mkdir -p "/tmp/bg/$name"
+  setsid nohup sh -c "python3 -m jaxrose.cli $* > /tmp/bg/$name/log 2>&1; echo \$? > /tmp/bg/$name/exit" \
+    > /dev/null 2>&1 < /dev/null &
+  echo "started $name (pid $!)"
+}
 case "${1:?stage}" in
   mps) timeout 200 python3 scripts/gpu_mps_check.py > "$out/mps.json" 2> "$out/mps.log"; cat "$out/mps.json" ;;
   ant) timeout 570 python3 -m jaxrose.cli bench --preset ant-mlp --systems brax,sim,sequential --repeats 5 \
@@ -40,8 +48,9 @@ case "${1:?stage}" in
   spread) timeout 480 python3 -m jaxrose.cli bench --preset "${2:-pusher-transformer}" --total-env-steps "${3:-5000000}" \
          --num-evals 3 --systems sim,sequential,spread --repeats 5 --out "$out/spread" --record "$out/BENCH_spread.md" \
          > "$out/spread.log" 2>&1; grep "\[bench\]" "$out/spread.log" ;;
-  async) timeout 500 python3 -m jaxrose.cli bench --preset ant-mlp --systems sim,async --repeats 5 \
-         --out "$out/async" --record "$out/BENCH_async.md" > "$out/async.log" 2>&1; grep "\[bench\]" "$out/async.log" ;;
+  async) start_bg async bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
+         --systems async,brax,sequential,sim --repeats 3 --out /tmp/bg/async/results --record /tmp/bg/async/BENCH.md \
+         -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${2:+--run.learner-sm-percentage $2} ;;
   suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
         mkdir -p "$out/suite"; systems="${3:-brax,sim,sequential}"
         for entry in ${2//,/ }; do
@@ -63,10 +72,7 @@ case "${1:?stage}" in
          > "$out/quota.log" 2>&1; grep "\[bench\]" "$out/quota.log" ;;
   faults) timeout 520 python3 scripts/gpu_faults.py ${2:+--cases "$2"} --out "$out/faults.json" > /dev/null 2> "$out/faults.log";
         python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['verdicts'], indent=1))" "$out/faults.json" ;;
-  bg) name=${2:?name}; shift 2; mkdir -p "/tmp/bg/$name"
-      setsid nohup sh -c "python3 -m jaxrose.cli $* > /tmp/bg/$name/log 2>&1; echo \$? > /tmp/bg/$name/exit" \
-        > /dev/null 2>&1 < /dev/null &
-      echo "started $name (pid $!)" ;;
+  bg) name=${2:?name}; shift 2; start_bg "$name" "$@" ;;
   collect) name=${2:?name}; deadline=$(( $(date +%s) + ${3:-570} ))
       while [ ! -f "/tmp/bg/$name/exit" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
       grep "\[bench\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
