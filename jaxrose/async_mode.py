@@ -2,32 +2,36 @@
 the learner updates from whichever group's trajectory is ready, with a bounded policy lag.
 
 Actors are spawned workers (MPS clients on a GPU); each owns `num_groups / num_actors` env groups
-and runs the rollout stages of PPO's program on them. After every trajectory an actor receives the
-learner's newest parameters; nothing waits for the other groups. The lag of a trajectory is the
-number of updates between the parameters that collected it and the update that consumes it; it
-never exceeds `max_lag`: when one more update would push an actor still rolling out past the bound,
-the learner first waits for that actor (and for all such actors together, in one update). With
-`max_lag=0` every update therefore consumes all groups at once: synchronous PPO, and with one actor
-the same computation as the sequential executor. Stale batches are corrected by the decoupled loss
-(`jaxrose.ppo`), which is PPO's own loss at lag 0.
+and runs the rollout stages of PPO's program on them. The learner grants each actor rollouts
+(credits): `1 + run_ahead` outstanding, one more for each of its trajectories consumed. An actor
+rolls out whenever it holds a credit, with the newest parameters it has been sent (the learner sends
+them to every actor after each update), so with `run_ahead >= 1` it never waits for the learner and
+training runs beside the rollouts; nothing waits for the other groups. Trajectories come back
+through transport buffers (`jaxrose.transport`: CUDA IPC memory on a GPU, shared memory on a CPU),
+one slot per outstanding rollout, copied out by the learner on receipt. The lag of a trajectory is
+the number of updates between the parameters that collected it and the update that consumes it; it
+never exceeds `max_lag`: when one more update would push an outstanding rollout past the bound, the
+learner first waits for it (and for all such rollouts together, in one update). With `max_lag=0`
+(and so no run-ahead) every update therefore consumes all groups at once: synchronous PPO, and with
+one actor the same computation as the sequential executor. Stale batches are corrected by the
+decoupled loss (`jaxrose.ppo`), which is PPO's own loss at lag 0.
 
 A snapshot (for checkpoints, or to restart an actor with a new SM quota) is a cut that needs no
-barrier: the learner after update v, and for each actor the env state and RNG key its next
-unconsumed rollout starts from. An actor whose trajectory update v consumed reports its current
-state; one still rolling out (or whose trajectory waits) reports the state its current rollout
-started from, which it keeps for that purpose. Actors answer between rollouts, so none waits.
-A snapshot holds each actor's env state at its current group count, and a restore adopts it.
+barrier: the learner after update v, and for each actor the env state and RNG key its oldest
+unconsumed rollout starts from. Actors keep the start state of every rollout not yet consumed, and
+answer by rollout number between rollouts, so none waits. A snapshot holds each actor's env state
+at its group count then, and a restore adopts it.
 
 An actor's batch (the env groups it steps) may change at run time (`resize_actor`, driven by
-`jaxrose.resources`): the trajectories it sends then hold the new count, updates take whatever
-trajectories are ready, and the learner compiles once per batch size it meets.
+`jaxrose.resources`): its next rollout that has not begun, and those after, hold the new count;
+updates take whatever trajectories are ready, and the learner compiles once per batch size it meets.
 
 NaN or Inf (`run.on_nonfinite`, `jaxrose.nonfinite`): every trajectory taken is checked
 (observations, rewards) before it reaches the learner, and every update (losses, parameters)
 before its parameters go out or a snapshot is asked for. `stop` raises `NonFiniteError` naming the
-stage; `skip` drops the trajectory (and has its actor reset its broken envs) or the update (the
-parameters stay as they were), with a warning; more than `run.max_consecutive_skips` in a row, of
-updates or of one actor's trajectories, stops the run.
+stage; `skip` drops the trajectory (its actor has reset its broken envs before its next rollout) or
+the update (the parameters stay as they were), with a warning; more than `run.max_consecutive_skips`
+in a row, of updates or of one actor's trajectories, stops the run.
 """
 
 from __future__ import annotations
