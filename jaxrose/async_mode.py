@@ -496,10 +496,13 @@ class AsyncTrainer:
         if start is None:
             learner, version, consumed = self.executor.init(jax.random.PRNGKey(self.config.run.seed)).learner, 0, 0
         else:
-            learner, version, consumed = jax.device_put(start.learner), start.updates, start.env_steps
+            learner, version, consumed = start.learner, start.updates, start.env_steps
             for i, (actor, state) in enumerate(zip(self.actors, start.actors, strict=True)):
                 actor.send(("restore", state, self._next_seq[i]))
                 self.groups[i] = groups_of(state[0])
+        # Committed to the device, as every update's output is: a jitted learner stage sees one kind of
+        # input from the first update on (an uncommitted one would compile it a second time).
+        learner = jax.device_put(learner, jax.devices()[0])
         self._manager = manager
         self._sent_version = [-1] * self.num_actors  # a new run's versions start again
         if manager is not None:
@@ -612,10 +615,13 @@ class AsyncTrainer:
 
         how, data = payload
         self.hand_offs[how] += 1
+        # Committed to the learner's device whichever way they came, so every jitted learner program
+        # sees one kind of input and compiles once.
+        device = jax.devices()[0]
         if how == "slot":
-            unrolls = jax.tree.map(jnp.asarray, self._buffers[(index, groups)][data].read())
+            unrolls = jax.device_put(self._buffers[(index, groups)][data].read(), device)
         else:
-            unrolls = jax.tree.map(jnp.asarray, data)  # device arrays, as read from a slot: one learner program
+            unrolls = jax.device_put(data, device)
             if (index, groups) not in self._buffers:
                 shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), unrolls)
                 self._buffers[(index, groups)] = [make_buffers(shapes, self.transport)

@@ -97,3 +97,25 @@ def test_train_in_async_mode_logs_lag_and_evaluates_on_schedule(tiny_config, tmp
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("train/policy_lag_max" in r for r in records) and any("perf/rollout_sps" in r for r in records)
     assert not multiprocessing.active_children()
+
+
+def test_the_learner_compiles_nothing_after_its_first_updates(tiny_config):
+    # Trajectories arrive through the pipe first and through transport buffers after, at lag 0 and
+    # then lag 1: one program per learner stage must serve them all (on the H200 a second variant
+    # compiled mid-run once stalled the learner 4.5 s).
+    config = replace(tiny_config, **{"env.num_groups": 1})
+    compiles, per_update = [], []
+
+    def listener(event, seconds, **_):
+        if event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    trainer = AsyncTrainer(config, num_actors=1, max_lag=1, run_ahead=1)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        result = trainer.run(updates=8, on_update=lambda *_: per_update.append(len(compiles)))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        trainer.close()
+    assert result.hand_offs["pipe"] >= 1 and result.hand_offs["slot"] >= 5 and 0 in result.lags and 1 in result.lags
+    assert per_update[-1] == per_update[0], per_update  # nothing compiled after the first update
