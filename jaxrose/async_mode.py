@@ -389,8 +389,7 @@ class AsyncTrainer:
             rollouts.append(_Rollout(self._next_seq[index], version))
             self._next_seq[index] += 1
             granted += 1
-        if granted or (self.run_ahead and self._sent_version[index] < version):
-            # With run-ahead, rollouts started before this actor's next credit use fresh parameters too.
+        if granted or self.run_ahead:  # with run-ahead, rollouts begun before the next credit get them too
             self._send_params(index, version, host_params)
         if granted:
             self.actors[index].send(("credit", granted, self._oldest_unconsumed(index)))
