@@ -520,7 +520,7 @@ class AsyncTrainer:
             if urgent:  # arrivals only make parameter versions exact (newer): the set stays urgent
                 waited = self._gather(lambda: all(r.arrived for _, r in take), timeout)
             else:
-                waited = self._gather(lambda: bool(self._choose(version)[0]), timeout)
+                waited = self._gather(lambda: any(r.arrived for rs in self._rollouts for r in rs), timeout)
                 take, _ = self._choose(version)
             depths.append(sum(r.arrived for rs in self._rollouts for r in rs))
             take.sort(key=lambda pair: (pair[0], pair[1].seq))

@@ -108,6 +108,12 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
         quotas = {**helpers, **({"evaluator": config.run.eval_sm_percentage} if evaluating_remotely else {})}
         worker_envs = prepare_clients(quotas, config.run.use_mps, config.run.compile_cache,
                                       own_quota=config.run.learner_sm_percentage)
+    elif config.run.learner_sm_percentage is not None:
+        import warnings
+
+        warnings.warn(f"run.learner_sm_percentage={config.run.learner_sm_percentage} has no effect: this run starts no "
+                      f"worker process under MPS (use it with run.mode='async', run.eval_mode='process' or a plan "
+                      f"with helpers).", stacklevel=2)
     remote = None
     try:
         if evaluating_remotely:

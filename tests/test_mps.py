@@ -113,3 +113,13 @@ def test_a_capped_controller_gives_uncapped_workers_100_percent_explicitly(monke
     # Asking again for another quota cannot change this process's: a warning says what it runs at.
     with pytest.warns(UserWarning, match="runs at 40%"):
         mps.prepare_clients({"actor1": None}, own_quota=60)
+
+
+def test_a_learner_quota_without_worker_processes_warns_that_it_has_no_effect(tiny_config, tmp_path):
+    from jaxrose import train
+    from jaxrose.config import replace
+
+    config = replace(tiny_config, **{"run.learner_sm_percentage": 40, "run.out_dir": str(tmp_path),
+                                     "run.total_env_steps": 512, "run.num_evals": 2})
+    with pytest.warns(UserWarning, match=r"run.learner_sm_percentage=40 has no effect.*run.mode='async'"):
+        train(config)
