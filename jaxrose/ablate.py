@@ -183,6 +183,8 @@ def main(args: list[str]) -> None:
     parser.add_argument("--iterations", type=int, default=5, help="timed iterations per measurement")
     parser.add_argument("--max-candidates", type=int, default=4, help="structural candidates tuning tries per arm")
     parser.add_argument("--out", default="runs/ablate", help="output folder (default: runs/ablate)")
+    parser.add_argument("--compile-cache", default=None,
+                        help="persistent compile cache shared by every arm and its worker processes (run.compile_cache)")
     options = parser.parse_args(args)
 
     def progress(row: dict) -> None:
@@ -191,8 +193,12 @@ def main(args: list[str]) -> None:
               f"{row['speedup']:.3f}x, SM {sm}, tuning {row['tuning_seconds']:.1f} s, "
               f"{row['candidates_kept']}/{row['candidates_tried']} kept", flush=True)
 
-    ablate(options.presets, options.arms, options.seeds, options.iterations, options.max_candidates, options.out,
-           progress)
+    presets = options.presets
+    if options.compile_cache:  # every arm recompiles the same programs: the cache makes the later compiles loads
+        from jaxrose.presets import get_preset
+
+        presets = {name: replace(get_preset(name), **{"run.compile_cache": options.compile_cache}) for name in presets}
+    ablate(presets, options.arms, options.seeds, options.iterations, options.max_candidates, options.out, progress)
     with open(os.path.join(options.out, "summary.md")) as f:
         print("\n" + f.read())
     print(f"outputs: {options.out} (table.csv, table.json, summary.md, speedup.png, sm_activity.png)")

@@ -12,6 +12,11 @@
 #   async   [LEARNER_SM%]: ant-mlp 10M steps, 4 evaluations: brax, sim, sequential and async (1 actor of 4096 envs,
 #           run-ahead 1, lag <= 1; the learner capped at LEARNER_SM% if given), started with bg: ~10 min in all, so
 #           follow it at once with `collect async` (it needs two calls)
+#   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
+#           compile cache it reuses), with the learner and the evaluator capped if given (~4 min)
+#   ablate  [PRESET] [ARMS]: jaxrose ablate (ARMS a comma list; default sequential,all,no-overlap,no-groups,no-quotas),
+#           3 timed iterations per measurement, 2 structural candidates per arm, the shared compile cache;
+#           the table is rewritten after every arm, so a cut run keeps what it measured
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
 #   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS],... ; each preset with brax, sim, sequential
 #           (default 3 evaluations), each bounded by its SECONDS; suite.tar.gz rewritten after each preset
@@ -51,6 +56,14 @@ case "${1:?stage}" in
   async) start_bg async bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,brax,sequential,sim --repeats 3 --out /tmp/bg/async/results --record /tmp/bg/async/BENCH.md \
          -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${2:+--run.learner-sm-percentage $2} ;;
+  async-only) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
+         --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
+         --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
+         ${2:+--run.learner-sm-percentage $2} > "$out/async_only.log" 2>&1; grep "\[bench\]" "$out/async_only.log" ;;
+  ablate) arms="${3:-sequential,all,no-overlap,no-groups,no-quotas}"
+        timeout "${ABLATE_SECONDS:-560}" python3 -m jaxrose.cli ablate --presets "${2:-ant-mlp}" --arms ${arms//,/ } \
+          --iterations 3 --max-candidates 2 --compile-cache /tmp/bg/cc --out "$out/ablate" > "$out/ablate.log" 2>&1
+        echo "ablate exit $?"; grep -v "^\s*$" "$out/ablate.log" | grep -i "seed\|error\|Traceback" | tail -20 ;;
   suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
         mkdir -p "$out/suite"; systems="${3:-brax,sim,sequential}"
         for entry in ${2//,/ }; do
