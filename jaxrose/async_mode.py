@@ -75,6 +75,14 @@ class AsyncResult:
     """Trajectories received through transport buffers ("slot") and through the pipe ("pipe")."""
     run_ahead: int = 0
     transport: str = "host"
+    actor_rollout_seconds: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    """Each actor's own clock for every trajectory it sent: the rollout and its hand-off into the
+    transport (or the pipe), compilation included for its first."""
+    learner_busy_seconds: list[float] = dataclasses.field(default_factory=list)
+    """Per learner step (an update, or one skipped for NaN): from taking its trajectories to the new
+    parameters sent (copy-in, batch, update, NaN checks, parameter fetch)."""
+    learner_wait_seconds: list[float] = dataclasses.field(default_factory=list)
+    """Per learner step: how long the learner waited for the trajectories it took."""
 
     @property
     def rollout_sps(self) -> float:
@@ -315,6 +323,7 @@ class AsyncTrainer:
         self.groups = [config.env.num_groups // num_actors] * num_actors  # each actor's batch size
         self.transport = transport_kind()
         self.hand_offs = {"slot": 0, "pipe": 0}  # trajectories received through buffers / the pipe
+        self.actor_rollout_seconds: dict[int, list[float]] = {}  # per actor, from its own clock
         self._buffers: dict[tuple[int, int], list] = {}  # (actor, groups) -> transport slots
         self._rollouts: list[collections.deque] = [collections.deque() for _ in range(num_actors)]
         self._next_seq = [0] * num_actors  # the next rollout each actor will be granted
@@ -510,6 +519,8 @@ class AsyncTrainer:
         for i in range(self.num_actors):
             self._grant(i, version, host_params)
         lags, depths, returns, shapes, skipped, batch_sizes = [], [], [], [], [], set()
+        busy, waits = [], []  # the learner's time per update: working, and waiting for trajectories
+        self.actor_rollout_seconds = {i: [] for i in range(self.num_actors)}
         rollouts = {i: 0 for i in range(self.num_actors)}
         pending: dict = {}  # snapshots waiting for actors' states
         start_time, done = time.perf_counter(), version
@@ -522,6 +533,7 @@ class AsyncTrainer:
             else:
                 waited = self._gather(lambda: any(r.arrived for rs in self._rollouts for r in rs), timeout)
                 take, _ = self._choose(version)
+            taken_at = time.perf_counter()
             depths.append(sum(r.arrived for rs in self._rollouts for r in rs))
             take.sort(key=lambda pair: (pair[0], pair[1].seq))
             for i, rollout in take:
@@ -551,6 +563,8 @@ class AsyncTrainer:
             host_params = jax.device_get((learner.params, learner.normalizer))
             for i in range(self.num_actors):
                 self._grant(i, version, host_params)
+            busy.append(time.perf_counter() - taken_at)
+            waits.append(waited)
             self._deliver(pending, on_snapshot)
             if on_update is not None and updated is not None:
                 on_update(done, consumed, learner, {"lags": batch_lags, "queue_depth": depths[-1],
@@ -573,7 +587,8 @@ class AsyncTrainer:
         return AsyncResult(learner, done - (start.updates if start else 0), lags, rollouts, depths, wall,
                            consumed - (start.env_steps if start else 0), returns,
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
-                           sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport)
+                           sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport,
+                           {i: list(t) for i, t in self.actor_rollout_seconds.items()}, busy, waits)
 
     def _snapshot_request(self, version: int, consumed: int, learner) -> tuple:
         """Asks every actor for the state its oldest unconsumed rollout starts from (see the module doc)."""
@@ -614,6 +629,7 @@ class AsyncTrainer:
 
         how, data = payload
         self.hand_offs[how] += 1
+        self.actor_rollout_seconds.setdefault(index, []).append(seconds)
         # Committed to the learner's device whichever way they came, so every jitted learner program
         # sees one kind of input and compiles once.
         device = jax.devices()[0]

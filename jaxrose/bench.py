@@ -419,10 +419,22 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "update_start_seconds": [t - start for t in result.iteration_start_times],
         "update_seconds": list(result.iteration_seconds), "hand_offs": run.hand_offs,
         "run_ahead": run.run_ahead, "transport": run.transport,
+        # Where the steady time goes: each actor's rollout (its own clock, first rollouts with their compile
+        # left out) against the learner's busy and waiting time per steady update.
+        "actor_rollout_seconds": run.actor_rollout_seconds,
+        "median_actor_rollout_seconds": {i: statistics.median(t[2:]) for i, t in run.actor_rollout_seconds.items()
+                                         if len(t) > 2},
+        "learner_busy_seconds": run.learner_busy_seconds, "learner_wait_seconds": run.learner_wait_seconds,
+        "median_steady_learner_busy_seconds": _median_or_none(run.learner_busy_seconds[first_steady:]),
+        "median_steady_learner_wait_seconds": _median_or_none(run.learner_wait_seconds[first_steady:]),
         "learner_sm_count": getattr(jax.devices()[0], "core_count", None),  # its MPS quota, as the learner sees it
     }
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)
+
+
+def _median_or_none(values: list[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
 
 
 # -- the synchronous limit ------------------------------------------------------------------------

@@ -17,6 +17,8 @@
 #   ablate  [PRESET] [ARMS]: jaxrose ablate (ARMS a comma list; default sequential,all,no-overlap,no-groups,no-quotas),
 #           3 timed iterations per measurement, 2 structural candidates per arm, the shared compile cache;
 #           the table is rewritten after every arm, so a cut run keeps what it measured
+#   probe   [PRESET]: where the tuned plan's gain comes from (scripts/gpu_plan_probe.py), with and without this
+#           process joining MPS (~4 min for ant-mlp)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
 #   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS],... ; each preset with brax, sim, sequential
 #           (default 3 evaluations), each bounded by its SECONDS; suite.tar.gz rewritten after each preset
@@ -64,6 +66,11 @@ case "${1:?stage}" in
         timeout "${ABLATE_SECONDS:-560}" python3 -m jaxrose.cli ablate --presets "${2:-ant-mlp}" --arms ${arms//,/ } \
           --iterations 3 --max-candidates 2 --compile-cache /tmp/bg/cc --out "$out/ablate" > "$out/ablate.log" 2>&1
         echo "ablate exit $?"; grep -v "^\s*$" "$out/ablate.log" | grep -i "seed\|error\|Traceback" | tail -20 ;;
+  probe) for flag in "" --no-mps; do
+          mode=${flag:-"--mps"}; mode=${mode#--}
+          timeout 280 python3 scripts/gpu_plan_probe.py "${2:-ant-mlp}" 7 $flag \
+            --out="$out/probe_$mode.json" > "$out/probe_$mode.log" 2>&1; tail -n 1 "$out/probe_$mode.log"
+        done ;;
   suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
         mkdir -p "$out/suite"; systems="${3:-brax,sim,sequential}"
         for entry in ${2//,/ }; do

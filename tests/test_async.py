@@ -63,6 +63,16 @@ def test_run_ahead_hides_a_slow_learner_behind_the_rollouts(tiny_config):
     # Every trajectory after the first of its batch size came back through the transport buffers.
     for run_ahead, result in results.items():
         assert result.hand_offs["pipe"] <= 1 + run_ahead and sum(result.hand_offs.values()) >= 9, result.hand_offs
+        # The time accounting sees the injected delays: the actor's clock holds its 0.3 s for every
+        # trajectory sent, the learner's busy time its 0.25 s for every update.
+        assert len(result.actor_rollout_seconds[0]) == sum(result.hand_offs.values())
+        assert min(result.actor_rollout_seconds[0]) >= 0.3
+        assert len(result.learner_busy_seconds) == len(result.learner_wait_seconds) == 9
+        assert min(result.learner_busy_seconds) >= 0.25
+    # Waiting for its own update, the actor starts each rollout only when the parameters arrive, so the
+    # learner waits about a rollout per update; one rollout ahead, it waits for much less.
+    waits = {r: float(np.median(results[r].learner_wait_seconds[3:])) for r in results}
+    assert waits[0] > 0.2 and waits[1] < 0.5 * waits[0], waits
     assert not multiprocessing.active_children()
 
 

@@ -80,6 +80,13 @@ def test_async_system_reports_its_rates_and_lags(bench_run):
     assert summary["steady_sps"] == pytest.approx(summary["steady_env_steps"] / summary["steady_update_seconds"])
     assert summary["steady_sps"] >= summary["steady_sps_with_evals"]
     assert max(summary["policy_lags"]) <= results["config"]["run"]["max_policy_lag"]
+    # Where the steady time goes: every consumed trajectory has its actor's time, every update the learner's.
+    rollouts = summary["actor_rollout_seconds"]
+    assert sorted(map(int, rollouts)) == sorted(map(int, summary["rollouts_per_actor"]))
+    assert all(len(rollouts[i]) >= summary["rollouts_per_actor"][i] for i in summary["rollouts_per_actor"])
+    assert len(summary["learner_busy_seconds"]) == len(summary["learner_wait_seconds"]) == len(summary["update_seconds"])
+    assert all(_positive(t) for t in summary["learner_busy_seconds"])
+    assert summary["median_steady_learner_busy_seconds"] > 0
 
 
 def test_overlapped_evaluation_keeps_the_same_results(bench_run):
