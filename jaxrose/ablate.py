@@ -9,6 +9,7 @@ sequential arm always runs, first, because every speedup is measured against it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from typing import Callable, Mapping, Optional, Sequence, Union
 
@@ -54,7 +55,8 @@ def ablate(presets: Union[str, Sequence[str], Mapping[str, TrainConfig]], arms: 
 
     `presets`: preset names, or a mapping from a label to a config (e.g. a preset made small for a
     CPU). `iterations`: timed iterations per measurement, in tuning and in the final measurement.
-    Writes table.csv, table.json, summary.md and plots to `out_dir` after every run (None: write nothing).
+    Writes table.csv, table.json, summary.md, plots and plans.json (each run's chosen plan, by
+    `plan_key`) to `out_dir` after every run (None: write nothing).
     """
     from jaxrose.ablate_report import write_report
     from jaxrose.profiler import GpuActivitySampler
@@ -66,7 +68,7 @@ def ablate(presets: Union[str, Sequence[str], Mapping[str, TrainConfig]], arms: 
         raise ConfigError(f"iterations must be an integer >= 1 (timed iterations per measurement), got {iterations!r}.")
     if not isinstance(max_candidates, int) or max_candidates < 0:
         raise ConfigError(f"max_candidates must be an integer >= 0, got {max_candidates!r}.")
-    rows = []
+    rows, plans = [], {}
     with GpuActivitySampler() as sampler:
         for label, config in configs.items():
             if config.run.compile_cache:
@@ -76,19 +78,21 @@ def ablate(presets: Union[str, Sequence[str], Mapping[str, TrainConfig]], arms: 
             for seed in seeds:
                 seeded = replace(config, **{"run.seed": seed})
                 for arm in arms:  # sequential first: the reference of this preset and seed
-                    row = _run_arm(label, arm, seeded, iterations, max_candidates, sampler)
+                    row, plan = _run_arm(label, arm, seeded, iterations, max_candidates, sampler)
+                    plans[plan_key(label, arm, seed)] = json.loads(plan.to_json())
                     if arm == SEQUENTIAL:
                         reference = row["seconds_per_iteration"]
                     row["speedup"] = reference / row["seconds_per_iteration"]
                     rows.append(row)
                     if out_dir is not None:  # after every run: a long ablation that fails keeps what it measured
-                        write_report(rows, out_dir, sm_note(rows, sampler.reason))
+                        write_report(rows, out_dir, sm_note(rows, sampler.reason), plans)
                     if progress_fn is not None:
                         progress_fn(row)
     return rows
 
 
-def _run_arm(label: str, arm: str, config: TrainConfig, iterations: int, max_candidates: int, sampler) -> dict:
+def _run_arm(label: str, arm: str, config: TrainConfig, iterations: int, max_candidates: int,
+             sampler) -> tuple[dict, Plan]:
     switches = arm_switches(arm)
     if switches is None:
         from jaxrose.sequential import SequentialExecutor
@@ -115,7 +119,12 @@ def _run_arm(label: str, arm: str, config: TrainConfig, iterations: int, max_can
         "candidates_tried": len(tried),
         "candidates_kept": sum(t.kept for t in tried),
         "plan": "; ".join(plan.history) or "sequential",
-    }
+    }, plan
+
+
+def plan_key(label: str, arm: str, seed: int) -> str:
+    """The key of a run's chosen plan in plans.json: reuse it with `Plan.from_json(json.dumps(plans[key]))`."""
+    return f"{label}/{arm}/seed{seed}"
 
 
 def measure(config: TrainConfig, plan: Plan, iterations: int, sampler) -> tuple[list[float], Optional[dict]]:

@@ -20,8 +20,10 @@ _SUMMARY = (("seconds_per_iteration", "ms / iteration", lambda v: f"{v * 1e3:.2f
             ("candidates_tried", "tried", lambda v: f"{v:g}"))
 
 
-def write_report(rows: list[dict], out_dir: str, note: Optional[str] = None) -> dict[str, str]:
-    """Writes table.csv, table.json, summary.md, speedup.png and sm_activity.png; returns their paths."""
+def write_report(rows: list[dict], out_dir: str, note: Optional[str] = None,
+                 plans: Optional[dict[str, dict]] = None) -> dict[str, str]:
+    """Writes table.csv, table.json, summary.md, speedup.png and sm_activity.png, and plans.json when
+    `plans` (each run's chosen plan) is given; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {name: os.path.join(out_dir, name)
              for name in ("table.csv", "table.json", "summary.md", "speedup.png", "sm_activity.png")}
@@ -33,6 +35,10 @@ def write_report(rows: list[dict], out_dir: str, note: Optional[str] = None) -> 
         json.dump(rows, f, indent=2)
     with open(paths["summary.md"], "w") as f:
         f.write(summary_markdown(rows, note))
+    if plans is not None:
+        paths["plans.json"] = os.path.join(out_dir, "plans.json")
+        with open(paths["plans.json"], "w") as f:
+            json.dump(plans, f, indent=1)
     plot_per_arm(rows, "speedup", "speedup vs sequential (x)", paths["speedup.png"], reference=1.0)
     plot_per_arm(rows, "sm_activity_pct", "SM activity (%)", paths["sm_activity.png"], note=note)
     return paths

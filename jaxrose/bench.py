@@ -75,6 +75,9 @@ class BenchConfig:
     tune_iterations: int = _setting(5, "iterations per measurement in the `tuned` system's `jaxrose tune`", int)
     tune_groups: bool = _setting(True, "whether the `tuned` system's `jaxrose tune` tries spreading the rollout over "
                                        "group processes (the `groups` switch)", _boolean)
+    tuned_plan: Optional[str] = _setting(
+        None, "a saved plan (from `jaxrose tune`, `jaxrose ablate`'s plans.json entry or Plan.save) for the `tuned` "
+              "system, which then trains with it without tuning in this run (default: tune first)")
     eval_sm_percentage: Optional[int] = _setting(
         None, "SM quota (%%) of the evaluation process in the overlapped, spread and async systems: evaluation has a "
               "whole evaluation period of slack, so it can give SMs to training (None: no cap)", int)
@@ -96,6 +99,9 @@ class BenchConfig:
                               f"got {','.join(self.systems) or 'nothing'} (unknown: {','.join(unknown)}).")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be >= 1, got {self.repeats}.")
+        if self.tuned_plan is not None and not os.path.isfile(self.tuned_plan):
+            raise ConfigError(f"--tuned-plan {self.tuned_plan!r} is not a file; give a plan saved by `jaxrose tune` "
+                              f"(plans/<preset>/plan.json) or leave it out to tune in the run.")
         if self.num_evals is not None and self.num_evals < 3:
             raise ConfigError(f"--num-evals must be >= 3 (the initial evaluation, the compile epoch and at "
                               f"least one steady epoch), got {self.num_evals}; raise it.")
@@ -301,17 +307,19 @@ def run_spread(config, sampler, processes: int) -> dict:
     return summary
 
 
-def run_tuned(config, sampler, tune_iterations: int, groups: bool = True) -> dict:
+def run_tuned(config, sampler, tune_iterations: int, groups: bool = True, plan_path: Optional[str] = None) -> dict:
     """`jaxrose tune` with every switch on, then training with the plan it kept and evaluation in its
     own process, all in one fresh process (it joins MPS before its GPU starts). The summary carries
-    the tuning time and every candidate tried, kept or not; the steady window excludes the tuning."""
+    the tuning time and every candidate tried, kept or not; the steady window excludes the tuning.
+    With `plan_path` (a plan tuned earlier) it trains with that plan and tunes nothing."""
     from jaxrose.config import replace
 
     return _run_in_child("_tuned_child", replace(config, **{"run.eval_mode": "process"}), sampler,
-                         extra=(tune_iterations, groups))
+                         extra=(tune_iterations, groups, plan_path and os.path.abspath(plan_path)))
 
 
-def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, groups: bool) -> None:
+def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, groups: bool,
+                 plan_path: Optional[str] = None) -> None:
     import pickle
     import tempfile
 
@@ -321,6 +329,16 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
     with open(config_path, "rb") as f:
         config = pickle.load(f)
     prepare_clients({}, config.run.use_mps, config.run.compile_cache)  # before this process's GPU starts
+    if plan_path is not None:
+        from jaxrose.plan import Plan
+
+        plan = Plan.load(plan_path)
+        summary, result = run_sequential(replace(config, **{"run.plan": plan_path}), _ClockOnlySampler())
+        summary.update(eval_worker=result.eval_worker, plan=str(plan),
+                       tuning={"plan_file": plan_path, "tuning_seconds": None, "history": list(plan.history)})
+        with open(summary_path, "w") as f:
+            json.dump(jsonable(summary), f)
+        return
     from jaxrose.tune import Switches, tune
 
     tuned = tune(config, Switches(groups=groups), iterations=tune_iterations)
@@ -600,7 +618,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                 elif name == "spread":
                     systems[name] = run_spread(config, sampler, bench.spread_processes)
                 elif name == "tuned":
-                    systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups)
+                    systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups,
+                                              bench.tuned_plan)
                 elif name == "async":
                     systems[name] = run_async(config, sampler)
                 else:

@@ -47,6 +47,20 @@ def test_one_row_per_preset_arm_seed(run):
     assert all(r["tuning_seconds"] > 0 for r in rows[1:])
 
 
+def test_every_runs_chosen_plan_is_saved_and_loads_back(run):
+    """plans.json holds each run's plan (e.g. for `jaxrose bench --tuned-plan`), and its transformations
+    are the ones the table names."""
+    from jaxrose.ablate import plan_key
+    from jaxrose.plan import Plan
+
+    rows, out, _ = run
+    plans = json.loads((out / "plans.json").read_text())
+    assert sorted(plans) == sorted(plan_key(r["preset"], r["arm"], r["seed"]) for r in rows)
+    for row in rows:
+        plan = Plan.from_json(json.dumps(plans[plan_key(row["preset"], row["arm"], row["seed"])]))
+        assert ("; ".join(plan.history) or "sequential") == row["plan"]
+
+
 def test_speedups_are_ratios_of_measured_seconds(run):
     rows, _, _ = run
     reference = {(r["preset"], r["seed"]): r["seconds_per_iteration"] for r in rows if r["arm"] == "sequential"}

@@ -118,6 +118,33 @@ def test_tuned_system_reports_its_tuning_and_keeps_the_same_results(bench_run):
     assert tuned["eval_returns"] == sequential["eval_returns"]
 
 
+def test_tuned_system_trains_with_a_saved_plan_without_tuning(bench_run, tmp_path):
+    """`--tuned-plan`: the H200 ablation's kept plan shape (reduce_metrics deferred on a quota'd helper),
+    run as the tuned system with nothing tuned in the run, computes what the sequential run computes."""
+    from jaxrose.bench import _ClockOnlySampler, run_tuned, train_config
+    from jaxrose.graph import build_graph
+    from jaxrose.plan import sequential_plan, with_quota
+    from jaxrose.planner import _overlap_tail
+    from jaxrose.ppo_program import ITERATION_INPUTS
+    from jaxrose.sequential import SequentialExecutor
+
+    _, results, _ = bench_run
+    config = train_config(parse_args(ARGS))
+    program = SequentialExecutor(config).program
+    plan = _overlap_tail(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS), "reduce_metrics")
+    path = tmp_path / "plan.json"
+    with_quota(plan, "helper", 25).save(str(path))
+    summary = run_tuned(config, _ClockOnlySampler(), 1, False, str(path))
+    assert summary["tuning"]["plan_file"] == str(path) and summary["tuning"]["tuning_seconds"] is None
+    assert "reduce_metrics" in summary["plan"] and "deferred" in summary["plan"]
+    assert summary["eval_returns"] == results["systems"]["sequential"]["eval_returns"]
+
+
+def test_tuned_plan_must_be_a_file():
+    with pytest.raises(ConfigError, match="--tuned-plan 'missing.json' is not a file"):
+        parse_args(["--tuned-plan", "missing.json"])
+
+
 def test_limits_follow_from_the_measured_times(bench_run):
     _, results, _ = bench_run
     limits, sim = results["limits"], results["systems"]["sim"]
