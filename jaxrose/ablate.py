@@ -195,6 +195,12 @@ def main(args: list[str]) -> None:
     parser.add_argument("--compile-cache", default=None,
                         help="persistent compile cache shared by every arm and its worker processes (run.compile_cache)")
     options = parser.parse_args(args)
+    from jaxrose.mps import prepare_clients
+
+    # Join a private MPS daemon before this process's GPU starts, as `jaxrose tune` does: after that,
+    # helpers could not become MPS clients and the quota arms would measure nothing (the H200 run of
+    # 2026-12-02 did, before this).
+    prepare_clients({})
 
     def progress(row: dict) -> None:
         sm = "n/a" if row["sm_activity_pct"] is None else f"{row['sm_activity_pct']:.1f}%"

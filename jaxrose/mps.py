@@ -159,6 +159,27 @@ class MpsDaemon:
 _controller_daemon: Optional[MpsDaemon] = None  # this process's private daemon, once started
 
 
+def clients_unavailable_reason(enabled: bool = True) -> Optional[str]:
+    """None when workers started from this process can be MPS clients with SM quotas (this run's
+    daemon answers, or can still start since this process has not initialised its GPU), else why not.
+    Without it a quota is an environment variable nobody reads: measuring one measures nothing."""
+    from jax._src import xla_bridge
+
+    if not enabled:
+        return "MPS is switched off (run.use_mps)"
+    reason = unavailable_reason()
+    if reason is not None:
+        return reason
+    if _controller_daemon is None and xla_bridge.backends_are_initialized():
+        return ("this process initialised its GPU before the MPS daemon could start; start training in a "
+                "fresh process (e.g. the `jaxrose train` command)")
+    if _controller_daemon is not None and not _controller_daemon.alive():
+        return (f"this run's MPS control daemon ({_controller_daemon.pipe_dir}) no longer answers (killed or "
+                f"crashed); its clients lost their GPU context. Restart the run in a fresh process "
+                f"(`--run.resume` continues from the last checkpoint)")
+    return None
+
+
 def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
                     compile_cache: Optional[str] = None, own_quota: Optional[int] = None) -> dict[str, dict[str, str]]:
     """Makes this process and the workers to come MPS clients of a private daemon, when possible.
@@ -172,27 +193,18 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
     """
     import warnings
 
-    from jax._src import xla_bridge
-
     envs = {name: {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} for name in quotas}  # the trainer holds most memory
     if compile_cache:
         for env in envs.values():
             env.update(compile_cache_env(compile_cache))
     global _controller_daemon
-    reason = unavailable_reason() if enabled else "MPS is switched off (run.use_mps)"
-    if reason is None and _controller_daemon is None and xla_bridge.backends_are_initialized():
-        reason = ("this process initialised its GPU before the MPS daemon could start; start training in a "
-                  "fresh process (e.g. the `jaxrose train` command)")
+    reason = clients_unavailable_reason(enabled)
     if reason is None and _controller_daemon is None:
         daemon = MpsDaemon()
         if daemon.start():
             os.environ.update(daemon.client_env(own_quota))
             daemon.stop_when_process_exits(os.getpid())
             _controller_daemon = daemon
-    if reason is None and _controller_daemon is not None and not _controller_daemon.alive():
-        reason = (f"this run's MPS control daemon ({_controller_daemon.pipe_dir}) no longer answers (killed or "
-                  f"crashed); its clients lost their GPU context. Restart the run in a fresh process "
-                  f"(`--run.resume` continues from the last checkpoint)")
     if reason is None and _controller_daemon is not None:
         # Later calls (one per plan measured while tuning) add clients to the same daemon.
         for name, quota in quotas.items():

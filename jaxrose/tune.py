@@ -19,7 +19,7 @@ import jax
 
 from jaxrose.config import TrainConfig
 from jaxrose.graph import build_graph
-from jaxrose.mps import unavailable_reason
+from jaxrose.mps import clients_unavailable_reason
 from jaxrose.plan import Plan, sequential_plan, spread_rollout, with_quota
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.planner import rank
@@ -172,8 +172,8 @@ def _tune_quotas(config, plan: Plan, seconds: float, noise: float, switches: Swi
     helpers = [p for p in plan.processes if p != MAIN]
     if not helpers or not switches.quotas:
         return plan, seconds
-    reason = unavailable_reason()
-    if reason is not None:
+    reason = clients_unavailable_reason(config.run.use_mps)
+    if reason is not None:  # a quota would be an unread variable: its "measurement" would be noise
         trials.append(Trial("SM quotas", 0.0, None, False, f"skipped: {reason}"))
         return plan, seconds
     # A helper with slack gives SMs up: try a few caps, largest first, keep what measures faster.

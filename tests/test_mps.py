@@ -89,14 +89,7 @@ def test_a_capped_controller_gives_uncapped_workers_100_percent_explicitly(monke
 
     import jaxrose.mps as mps
 
-    # Fault injection: a GPU is "present" and a control binary that accepts every command stands in
-    # for the daemon (the real one is exercised on the GPU machine).
-    fake = tmp_path / "nvidia-cuda-mps-control"
-    fake.write_text("#!/bin/sh\nexit 0\n")
-    fake.chmod(0o755)
-    monkeypatch.setattr(mps, "CONTROL_BINARY", str(fake))
-    monkeypatch.setattr(mps, "gpu_count", lambda: 1)
-    monkeypatch.setattr(mps, "_controller_daemon", None)
+    _fake_mps_present(monkeypatch, tmp_path)
     monkeypatch.setattr(mps.MpsDaemon, "stop_when_process_exits", lambda self, pid: None)  # no watcher left behind
     monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
     for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
@@ -123,3 +116,49 @@ def test_a_learner_quota_without_worker_processes_warns_that_it_has_no_effect(ti
                                      "run.total_env_steps": 512, "run.num_evals": 2})
     with pytest.warns(UserWarning, match=r"run.learner_sm_percentage=40 has no effect.*run.mode='async'"):
         train(config)
+
+
+def _fake_mps_present(monkeypatch, tmp_path):
+    """Fault injection: a GPU is "present" and a control binary that accepts every command stands in for
+    the daemon (the real one is exercised on the GPU machine); no daemon of this process yet."""
+    import jaxrose.mps as mps
+
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(mps, "CONTROL_BINARY", str(fake))
+    monkeypatch.setattr(mps, "gpu_count", lambda: 1)
+    monkeypatch.setattr(mps, "_controller_daemon", None)
+    return mps
+
+
+def test_workers_cannot_get_quotas_from_a_process_whose_gpu_started_first(monkeypatch, tmp_path):
+    mps = _fake_mps_present(monkeypatch, tmp_path)
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
+    assert mps.clients_unavailable_reason() is None  # a daemon can still start before this GPU does
+    assert mps.clients_unavailable_reason(enabled=False) == "MPS is switched off (run.use_mps)"
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: True)
+    assert "initialised its GPU before the MPS daemon" in mps.clients_unavailable_reason()
+
+
+def test_tuning_skips_quota_trials_that_could_not_take_effect(monkeypatch, tmp_path, tiny_config):
+    """`jaxrose ablate` on the H200 (2026-12-02) measured helper quotas although its process had started
+    its GPU before any daemon, so the helpers were no MPS clients: those trials timed noise. Now
+    tuning records why it skips them and measures nothing."""
+    import jaxrose.tune as tune
+    from jaxrose.graph import build_graph
+    from jaxrose.plan import sequential_plan
+    from jaxrose.planner import _overlap_tail
+    from jaxrose.ppo_program import ITERATION_INPUTS
+    from jaxrose.sequential import SequentialExecutor
+
+    _fake_mps_present(monkeypatch, tmp_path)
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: True)
+    monkeypatch.setattr(tune, "measure_plan", lambda *a, **k: pytest.fail("a quota trial was measured"))
+    program = SequentialExecutor(tiny_config).program
+    plan = _overlap_tail(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS), "reduce_metrics")
+    trials = []
+    kept, seconds = tune._tune_quotas(tiny_config, plan, 0.5, 0.01, tune.Switches(), 2, trials)
+    assert kept is plan and seconds == 0.5
+    assert [t.description for t in trials] == ["SM quotas"] and not trials[0].kept
+    assert trials[0].reason.startswith("skipped: this process initialised its GPU before the MPS daemon")
