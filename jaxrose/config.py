@@ -245,6 +245,11 @@ class RunConfig:
     """Processes in the run (one per host, or one per GPU); else JAX_NUM_PROCESSES, or SLURM's."""
     process_id: Optional[int] = None
     """This process's rank in [0, num_processes); else JAX_PROCESS_ID, or SLURM's."""
+    local_gpu: Optional[int] = None
+    """The GPU (index on this host) this process and its worker set use when several processes share
+    a host: it is pinned there (CUDA_VISIBLE_DEVICES) before its GPU starts, so its private MPS daemon
+    serves that GPU alone and its workers (the evaluator) run beside it. Default in a run of several
+    processes: the launcher's local rank (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK)."""
     compile_cache: Optional[str] = None
     """Folder for XLA's persistent compilation cache, shared with every worker process, so that
     workers (re)start without compiling again (e.g. to change an MPS quota). None: off."""
@@ -275,13 +280,19 @@ class RunConfig:
                  f"run.num_processes must be >= 1, got {self.num_processes}.")
         _require(self.process_id is None or 0 <= self.process_id < (self.num_processes or self.process_id + 1),
                  f"run.process_id must lie in [0, run.num_processes), got {self.process_id} of {self.num_processes}.")
+        _require(self.local_gpu is None or self.local_gpu >= 0, f"run.local_gpu must be >= 0, got {self.local_gpu}.")
+        _require(self.local_gpu is None or self.devices == 1,
+                 f"run.local_gpu pins this process to one GPU, but run.devices is {self.devices}: leave run.local_gpu "
+                 f"unset to use {self.devices} GPUs in this process, or set run.devices 1.")
         _require(self.coordinator_address is None or _is_host_port(self.coordinator_address),
                  f"run.coordinator_address must be host:port (e.g. 10.0.0.1:1234), got {self.coordinator_address!r}.")
         if (self.num_processes or 1) > 1:
-            # Only the sequential executor shards over processes; the others run worker processes of their own.
-            _require(self.mode == "sync" and self.plan is None and self.eval_mode == "inline",
-                     "Several processes (run.num_processes > 1) need run.mode='sync', no run.plan and "
-                     "run.eval_mode='inline'.")
+            # Only the sequential executor shards over processes; the evaluator may run beside process 0.
+            _require(self.mode == "sync" and self.plan is None, SEVERAL_PROCESSES)
+
+
+SEVERAL_PROCESSES = ("Several processes (run.num_processes > 1) need run.mode='sync' and no run.plan (evaluation "
+                     "may run in its own process, run.eval_mode='process': process 0's, on that process's GPU).")
 
 
 @dataclasses.dataclass(frozen=True)

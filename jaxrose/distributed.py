@@ -6,6 +6,9 @@ JAX_PROCESS_ID; JAX's own cluster detection under `srun` with several tasks (SLU
 means one process and no coordinator. Every process then sees all processes' devices
 (`jax.devices()`), and XLA's collectives cross process boundaries (gloo on CPU, NCCL on GPU).
 
+Several processes on one host: each is pinned to its own GPU (`run.local_gpu`, else the launcher's
+local rank) before its GPU starts, so each has its own private MPS daemon and worker set there.
+
 `run.devices` counts devices per process; the executor's mesh takes that many from each process,
 process-major, so env groups split evenly over processes and devices. Nothing random is drawn per
 process on the host: the env and learner keys come from `run.seed` inside the global jitted init, so
@@ -23,6 +26,7 @@ from jaxrose.config import ConfigError, RunConfig
 
 ENV_VARS = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
             "process_id": "JAX_PROCESS_ID"}
+LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")  # torchrun, srun, mpirun
 
 
 def coordinates(run: RunConfig) -> Optional[dict]:
@@ -57,12 +61,16 @@ def coordinates(run: RunConfig) -> Optional[dict]:
 def initialize(run: RunConfig) -> bool:
     """Joins the run's processes (idempotent) and says whether there are several; a no-op for a
     single process. Must come before this process's first JAX computation, which fixes its devices.
-    Touches no device itself, so MPS can still be set up after it."""
+    Pins this process to its GPU first (`pin_gpu`). Touches no device itself, so MPS can still be
+    set up after it."""
     if jax.distributed.is_initialized():
         return True
     arguments = coordinates(run)
+    pinned = pin_gpu(run, several=arguments is not None)
     if arguments is None:
         return False
+    if pinned is not None:  # its one visible GPU is device 0 (a cluster's detection would name the rank's index)
+        arguments["local_device_ids"] = [0]
     platforms = os.environ.get("JAX_PLATFORMS", "") or str(jax.config.jax_platforms or "")
     if platforms in ("", "None") or platforms.startswith("cpu"):
         # CPU devices of different processes reduce through gloo; the default ("none") cannot. It
@@ -76,6 +84,55 @@ def initialize(run: RunConfig) -> bool:
                               "jaxrose.distributed.initialize(config.run) (or train) before using JAX.") from error
         raise
     return True
+
+
+def local_gpu(run: RunConfig, several: bool) -> Optional[int]:
+    """The GPU (index among this host's visible GPUs) this process uses: `run.local_gpu`; else, in a run
+    of several processes, the launcher's local rank (the first of LOCAL_RANK_VARS set); else None (all
+    visible GPUs, as JAX sees them)."""
+    if run.local_gpu is not None:
+        return run.local_gpu
+    if not several:
+        return None
+    for variable in LOCAL_RANK_VARS:
+        value = os.environ.get(variable, "")
+        if value != "":
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"{variable} must be an integer (this process's local rank), got {value!r}; "
+                                  f"or set run.local_gpu.") from None
+    return None
+
+
+def pin_gpu(run: RunConfig, several: bool) -> Optional[str]:
+    """Makes this process see only its GPU (`local_gpu`) by setting CUDA_VISIBLE_DEVICES before JAX
+    starts a GPU. Everything this process starts next inherits it: its private MPS daemon then serves
+    that GPU alone, and its worker processes run on it, so every GPU has its own daemon and worker set.
+    A launcher that already pinned one GPU per process is left alone. Returns the GPU pinned, or None."""
+    from jax._src import xla_bridge
+
+    if run.devices > 1:
+        return None  # several GPUs per process (run.devices): all of the host's stay visible
+    gpu = local_gpu(run, several)
+    if gpu is None:
+        return None
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip() != ""]
+    if run.local_gpu is None and len(visible) == 1:
+        return None  # one GPU per process already: the launcher's choice stands
+    if visible and gpu >= len(visible):
+        source = "run.local_gpu" if run.local_gpu is not None else "the local rank"
+        raise ConfigError(f"{source} is {gpu} but CUDA_VISIBLE_DEVICES lists {len(visible)} GPU(s) "
+                          f"({','.join(visible)}); give a GPU index below {len(visible)}.")
+    pinned = visible[gpu] if visible else str(gpu)
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == pinned:
+        return pinned
+    if xla_bridge.backends_are_initialized():
+        raise ConfigError(f"run.local_gpu ({gpu}) must take effect before this process's first JAX computation "
+                          f"(it sets CUDA_VISIBLE_DEVICES={pinned}): start training in a fresh process, e.g. "
+                          f"`jaxrose train`.")
+    os.environ["CUDA_VISIBLE_DEVICES"] = pinned
+    return pinned
 
 
 def is_main_process() -> bool:

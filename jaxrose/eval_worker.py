@@ -9,6 +9,7 @@ The results equal inline evaluation exactly: same program, same params, same key
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional
 
@@ -16,7 +17,6 @@ import jax
 
 from jaxrose.config import TrainConfig
 from jaxrose.workers import Inbox, Worker
-
 
 
 def _serve(conn, config: TrainConfig) -> None:
@@ -32,7 +32,8 @@ def _serve(conn, config: TrainConfig) -> None:
     device = jax.devices()[0]
     inbox = Inbox(conn)  # the trainer's submit never waits for an evaluation in progress
     conn.send(("ready", {"platform": device.platform, "device_kind": device.device_kind,
-                         "core_count": getattr(device, "core_count", None)}))
+                         "core_count": getattr(device, "core_count", None),
+                         "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}))  # its trainer's pinned GPU
     while True:
         message = inbox.get(block=True)
         if message[0] == "stop":

@@ -22,7 +22,7 @@ from jaxrose import distributed
 from jaxrose.callbacks import Callback, JsonlWriter, ProgressBar, TensorBoardWriter
 from jaxrose.async_checkpoint import BackgroundSaver
 from jaxrose.checkpoint import Checkpointer
-from jaxrose.config import ConfigError, TrainConfig
+from jaxrose.config import SEVERAL_PROCESSES, ConfigError, TrainConfig
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
 from jaxrose.mps import prepare_clients
@@ -93,8 +93,8 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     if config.run.compile_cache:
         use_compile_cache(config.run.compile_cache)
     several = distributed.initialize(config.run)  # before anything touches a device (MPS comes later still)
-    if several and (config.run.mode != "sync" or config.run.plan or config.run.eval_mode != "inline"):
-        raise ConfigError("Several processes need run.mode='sync', no run.plan and run.eval_mode='inline'.")
+    if several and (config.run.mode != "sync" or config.run.plan):
+        raise ConfigError(SEVERAL_PROCESSES)
     if config.run.mode == "async":
         from jaxrose.async_train import train_async
 
@@ -102,7 +102,8 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     # Worker processes (and MPS) must be set up before this process touches its GPU.
     plan = Plan.load(config.run.plan) if config.run.plan else None
     helpers = {p: dict(plan.quotas).get(p) for p in plan.processes if p != MAIN} if plan else {}
-    evaluating_remotely = config.run.eval_mode == "process"
+    # Several processes: process 0 alone evaluates, in a worker beside it on its GPU, under its own daemon.
+    evaluating_remotely = config.run.eval_mode == "process" and distributed.is_main_process()
     worker_envs = {}
     if helpers or evaluating_remotely:
         quotas = {**helpers, **({"evaluator": config.run.eval_sm_percentage} if evaluating_remotely else {})}
@@ -190,7 +191,9 @@ class _TrainingLoop:
 
     def start_evaluation(self, iteration: int, state: RunState) -> None:
         if self.remote is not None:
-            self.remote.submit(iteration, state.learner)
+            self.remote.submit(iteration, distributed.local_copy(state.learner))
+            return
+        if self.run_config.eval_mode == "process":  # another process's evaluator reports (several processes)
             return
         start = time.perf_counter()
         learner = distributed.local_copy(state.learner)  # each process evaluates alone; process 0 reports

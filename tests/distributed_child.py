@@ -5,6 +5,7 @@ usage: python distributed_child.py CONFIG_PICKLE OUT_NPZ. The coordinator, proce
 from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, the devices from JAX_NUM_CPU_DEVICES.
 """
 
+import os
 import pickle
 import sys
 
@@ -25,4 +26,7 @@ if __name__ == "__main__":
     leaf = jax.tree.leaves(result.state.env_state)[0]
     np.savez(sys.argv[2], process_count=jax.process_count(), global_devices=len(leaf.sharding.device_set),
              local_groups=leaf.addressable_shards[0].data.shape[0],
-             final_return=result.final_return, **flat(local_copy(result.params)))
+             final_return=result.final_return, eval_returns=[e["eval/episode_return"] for e in result.evaluations],
+             visible_gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+             evaluator_visible_gpus=str(result.eval_worker.get("visible_gpus", "")),
+             **flat(local_copy(result.params)))

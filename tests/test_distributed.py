@@ -83,6 +83,81 @@ def test_two_processes_equal_one(tmp_path, tiny_config):
     executor.step(restored)  # and training goes on from it
 
 
+def _run_two_processes(tmp_path, config, devices_per_process: int, extra_env: dict) -> list:
+    config_file = tmp_path / "config.pickle"
+    config_file.write_bytes(pickle.dumps(config))
+    port = _free_port()
+    children = []
+    for rank in range(2):
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices_per_process),
+               "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(rank),
+               **{k: v.format(rank=rank) for k, v in extra_env.items()}}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        children.append(subprocess.Popen([sys.executable, CHILD, str(config_file), str(tmp_path / f"p{rank}.npz")],
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [child.communicate(timeout=240)[0] for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    for rank, child in enumerate(children):
+        assert child.returncode == 0, f"process {rank} failed:\n{outputs[rank][-4000:]}"
+    return [np.load(tmp_path / f"p{rank}.npz") for rank in range(2)]
+
+
+def test_one_process_per_gpu_each_with_its_own_pin_and_the_evaluator_beside_process_0(tmp_path, tiny_config):
+    """Two processes, one device each, pinned by the launcher's local rank (LOCAL_RANK, as torchrun sets
+    it) before their GPU starts, evaluation in a worker process: process 0's evaluator is spawned
+    beside it and inherits its pin (on a GPU: its GPU, under its own MPS daemon); process 1 evaluates
+    nothing. Training and evaluation equal one process's inline run within float32 rounding (the
+    gradient sum is split over the processes)."""
+    config = replace(tiny_config, **{"env.num_groups": 2, "run.num_evals": 2, "run.eval_mode": "process",
+                                     "run.out_dir": str(tmp_path / "two")})
+    results = _run_two_processes(tmp_path, config, 1, {"LOCAL_RANK": "{rank}"})
+    for rank, result in enumerate(results):
+        assert int(result["process_count"]) == 2 and int(result["global_devices"]) == 2
+        assert str(result["visible_gpus"]) == str(rank)  # pinned to its own GPU
+    assert str(results[0]["evaluator_visible_gpus"]) == "0"  # the worker set of process 0's GPU
+    assert len(results[1]["eval_returns"]) == 0 and str(results[1]["evaluator_visible_gpus"]) == ""
+
+    single = train(replace(config, **{"run.eval_mode": "inline", "run.out_dir": str(tmp_path / "one")}))
+    _assert_close(_flat(single.params), results[0], rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(results[0]["eval_returns"], [e["eval/episode_return"] for e in single.evaluations],
+                               rtol=1e-3, atol=1e-3)
+
+
+def test_pinning_a_process_to_its_gpu(monkeypatch):
+    for variable in (*distributed.LOCAL_RANK_VARS, "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
+    # One process and no setting: nothing pinned, whatever the launcher's variables say.
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.pin_gpu(RunConfig(), several=False) is None and "CUDA_VISIBLE_DEVICES" not in os.environ
+    # Several processes: the local rank picks the GPU.
+    assert distributed.pin_gpu(RunConfig(), several=True) == "1" and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    # Among GPUs the launcher made visible, the rank indexes that list.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    assert distributed.pin_gpu(RunConfig(), several=True) == "5"
+    # A launcher that already gave each process one GPU is left alone; an explicit setting is not.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert distributed.pin_gpu(RunConfig(), several=True) is None and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    # Several GPUs per process keep every GPU visible.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert distributed.pin_gpu(RunConfig(devices=2), several=True) is None
+    # Bad input names the setting and the fix.
+    with pytest.raises(ConfigError, match=r"run\.local_gpu is 2 but CUDA_VISIBLE_DEVICES lists 2 GPU\(s\) \(0,1\)"):
+        distributed.pin_gpu(RunConfig(local_gpu=2), several=True)
+    monkeypatch.setenv("LOCAL_RANK", "first")
+    with pytest.raises(ConfigError, match="LOCAL_RANK must be an integer"):
+        distributed.pin_gpu(RunConfig(), several=True)
+    with pytest.raises(ConfigError, match=r"run\.local_gpu pins this process to one GPU, but run\.devices is 2"):
+        RunConfig(local_gpu=0, devices=2)
+    # Too late once this process's GPU has started.
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: True)
+    with pytest.raises(ConfigError, match="before this process's first JAX computation"):
+        distributed.pin_gpu(RunConfig(local_gpu=0), several=False)
+
+
 def test_checkpoint_from_two_devices_restores_on_one(tmp_path, tiny_config):
     two = SequentialExecutor(replace(tiny_config, **{"run.devices": 2}))
     state, _ = two.run(two.init(jax.random.PRNGKey(3)), 1)
@@ -130,5 +205,8 @@ def test_settings_are_validated(tiny_config):
         RunConfig(num_processes=2, process_id=2)
     with pytest.raises(ConfigError, match="run.mode='sync'"):
         RunConfig(num_processes=2, mode="async")
+    with pytest.raises(ConfigError, match="no run.plan"):
+        RunConfig(num_processes=2, plan="plan.json")
+    RunConfig(num_processes=2, eval_mode="process")  # the evaluator runs beside process 0
     with pytest.raises(ConfigError, match=r"multiple of run\.devices \(2\) times 2 processes"):
         replace(tiny_config, **{"run.devices": 2, "run.num_processes": 2})
