@@ -35,54 +35,6 @@ def _assert_close(expected: dict, got, **tolerance) -> None:
         np.testing.assert_allclose(got[name], value, err_msg=name, **tolerance)
 
 
-def test_two_processes_equal_one(tmp_path, tiny_config):
-    """Two processes x 2 CPU devices (4 groups, one per device) against one process on one device,
-    same global batch and seed. Tolerance, not bit equality: the gradient and statistics sums are
-    split over devices and processes, and the cross-process all-reduce (gloo) adds partial sums in
-    its own order, which moves float32 rounding (as for several devices in one process)."""
-    config = replace(tiny_config, **{"env.num_groups": 4, "run.num_evals": 2, "run.out_dir": str(tmp_path / "two")})
-    config_file = tmp_path / "config.pickle"
-    config_file.write_bytes(pickle.dumps(replace(config, **{"run.devices": 2})))
-    port = _free_port()
-    children = []
-    for rank in range(2):
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
-               "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(rank)}
-        children.append(subprocess.Popen([sys.executable, CHILD, str(config_file), str(tmp_path / f"p{rank}.npz")],
-                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [child.communicate(timeout=240)[0] for child in children]
-    finally:
-        for child in children:
-            child.kill()
-    for rank, child in enumerate(children):
-        assert child.returncode == 0, f"process {rank} failed:\n{outputs[rank][-4000:]}"
-
-    single = train(replace(config, **{"run.out_dir": str(tmp_path / "one")}))
-    expected = _flat(single.params)
-    results = [np.load(tmp_path / f"p{rank}.npz") for rank in range(2)]
-    for result in results:
-        assert int(result["process_count"]) == 2 and int(result["global_devices"]) == 4
-        assert int(result["local_groups"]) == 1
-        _assert_close(expected, result, rtol=2e-4, atol=2e-5)
-    # Both processes hold the same replicated learner, bit for bit.
-    for name in expected:
-        np.testing.assert_array_equal(results[0][name], results[1][name])
-    # Logs and plots come from process 0 alone, into the one shared folder.
-    out = tmp_path / "two"
-    assert (out / "metrics.jsonl").exists() and (out / "learning_curve.png").exists()
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == len(
-        (tmp_path / "one" / "metrics.jsonl").read_text().splitlines())
-
-    # The checkpoint the two processes wrote together (4 devices) restores into this 1-device process.
-    executor = SequentialExecutor(config)
-    target = executor.init(jax.random.PRNGKey(config.run.seed))
-    restored = Checkpointer(str(out / "checkpoints")).restore(target, config)
-    assert int(restored.iteration) == config.num_iterations
-    _assert_close({k: results[0][k] for k in expected}, _flat(restored.learner.params), rtol=0, atol=0)
-    executor.step(restored)  # and training goes on from it
-
-
 def _run_two_processes(tmp_path, config, devices_per_process: int, extra_env: dict) -> list:
     config_file = tmp_path / "config.pickle"
     config_file.write_bytes(pickle.dumps(config))
@@ -103,6 +55,37 @@ def _run_two_processes(tmp_path, config, devices_per_process: int, extra_env: di
     for rank, child in enumerate(children):
         assert child.returncode == 0, f"process {rank} failed:\n{outputs[rank][-4000:]}"
     return [np.load(tmp_path / f"p{rank}.npz") for rank in range(2)]
+
+
+def test_two_processes_equal_one(tmp_path, tiny_config):
+    """Two processes x 2 CPU devices (4 groups, one per device) against one process on one device,
+    same global batch and seed. Tolerance, not bit equality: the gradient and statistics sums are
+    split over devices and processes, and the cross-process all-reduce (gloo) adds partial sums in
+    its own order, which moves float32 rounding (as for several devices in one process)."""
+    config = replace(tiny_config, **{"env.num_groups": 4, "run.num_evals": 2, "run.out_dir": str(tmp_path / "two")})
+    results = _run_two_processes(tmp_path, replace(config, **{"run.devices": 2}), 2, {})
+    single = train(replace(config, **{"run.out_dir": str(tmp_path / "one")}))
+    expected = _flat(single.params)
+    for result in results:
+        assert int(result["process_count"]) == 2 and int(result["global_devices"]) == 4
+        assert int(result["local_groups"]) == 1
+        _assert_close(expected, result, rtol=2e-4, atol=2e-5)
+    # Both processes hold the same replicated learner, bit for bit.
+    for name in expected:
+        np.testing.assert_array_equal(results[0][name], results[1][name])
+    # Logs and plots come from process 0 alone, into the one shared folder.
+    out = tmp_path / "two"
+    assert (out / "metrics.jsonl").exists() and (out / "learning_curve.png").exists()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == len(
+        (tmp_path / "one" / "metrics.jsonl").read_text().splitlines())
+
+    # The checkpoint the two processes wrote together (4 devices) restores into this 1-device process.
+    executor = SequentialExecutor(config)
+    target = executor.init(jax.random.PRNGKey(config.run.seed))
+    restored = Checkpointer(str(out / "checkpoints")).restore(target, config)
+    assert int(restored.iteration) == config.num_iterations
+    _assert_close({k: results[0][k] for k in expected}, _flat(restored.learner.params), rtol=0, atol=0)
+    executor.step(restored)  # and training goes on from it
 
 
 def test_one_process_per_gpu_each_with_its_own_pin_and_the_evaluator_beside_process_0(tmp_path, tiny_config):
