@@ -288,11 +288,11 @@ class RunConfig:
                  f"run.coordinator_address must be host:port (e.g. 10.0.0.1:1234), got {self.coordinator_address!r}.")
         if (self.num_processes or 1) > 1:
             # Only the sequential executor shards over processes; the evaluator may run beside process 0.
-            _require(self.mode == "sync" and self.plan is None, SEVERAL_PROCESSES)
+            _require(self.mode == "sync", SEVERAL_PROCESSES)
 
 
-SEVERAL_PROCESSES = ("Several processes (run.num_processes > 1) need run.mode='sync' and no run.plan (evaluation "
-                     "may run in its own process, run.eval_mode='process': process 0's, on that process's GPU).")
+SEVERAL_PROCESSES = ("Several processes (run.num_processes > 1) need run.mode='sync': the asynchronous mode's actors "
+                     "and learner run on one process's GPU.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ means one process and no coordinator. Every process then sees all processes' dev
 (`jax.devices()`), and XLA's collectives cross process boundaries (gloo on CPU, NCCL on GPU).
 
 Several processes on one host: each is pinned to its own GPU (`run.local_gpu`, else the launcher's
-local rank) before its GPU starts, so each has its own private MPS daemon and worker set there.
+local rank) before its GPU starts, so each has its own private MPS daemon and worker set there
+(process 0's evaluator; a plan's helpers beside every process). Worker processes never join the run.
 
 `run.devices` counts devices per process; the executor's mesh takes that many from each process,
 process-major, so env groups split evenly over processes and devices. Nothing random is drawn per
@@ -30,7 +31,11 @@ LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK") 
 
 
 def coordinates(run: RunConfig) -> Optional[dict]:
-    """`jax.distributed.initialize`'s arguments for this process, or None for a single process."""
+    """`jax.distributed.initialize`'s arguments for this process, or None for a single process. A
+    worker process (evaluator, helper, actor) is always a single process: it inherits its trainer's
+    environment, coordinates included, but serves that trainer alone."""
+    if os.environ.get("JAXROSE_WORKER"):  # jaxrose.workers.WORKER_VARIABLE (imported lazily there)
+        return None
     found = {}
     for field, variable in ENV_VARS.items():
         value = getattr(run, field)

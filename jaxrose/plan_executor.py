@@ -39,11 +39,15 @@ class PlanExecutor(SequentialExecutor):
 
     def compile(self, state: RunState) -> float:
         start = time.perf_counter()
-        values = jax.eval_shape(run_state_to_program_state, state)
+        # Shapes with the state's shardings, chunk by chunk: over several devices or processes a chunk
+        # compiled for one device would refuse the sharded values it is given.
+        values = _with_shardings(jax.eval_shape(run_state_to_program_state, state),
+                                 jax.tree.map(lambda x: x.sharding, run_state_to_program_state(state)))
         compiled = []
         for fn in self._local_fns():
-            compiled.append(fn.lower(values).compile())
-            values = jax.eval_shape(fn, values)
+            chunk = fn.lower(values).compile()
+            compiled.append(chunk)
+            values = _with_shardings(jax.eval_shape(fn, values), chunk.output_shardings)
         self._compiled_chunks = compiled
         return time.perf_counter() - start
 
@@ -56,6 +60,10 @@ class PlanExecutor(SequentialExecutor):
     def step(self, state: RunState) -> tuple[RunState, dict]:
         values = self._run_local(state)
         return next_run_state(values, state), {**values["metrics"], **health(values)}
+
+
+def _with_shardings(shapes, shardings):
+    return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings)
 
 
 def _chunk_runner(program):

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import jax
 
 from jaxrose.config import TrainConfig
+from jaxrose.distributed import local_copy
 from jaxrose.mps import prepare_clients
 from jaxrose.plan import Plan, PlanError, chunk_program
 from jaxrose.plan_executor import PlanExecutor
@@ -101,7 +102,8 @@ class MultiProcessPlanExecutor(PlanExecutor):
         values = self._run_local(state)
         iteration = int(state.iteration)
         for process, worker in self.helpers.items():
-            self._send(process, worker, iteration, {name: values[name] for name in self._inputs[process]})
+            inputs = {name: values[name] for name in self._inputs[process]}
+            self._send(process, worker, iteration, local_inputs(process, inputs))
         return next_run_state(values, state), {**values.get("metrics", {}), **health(values)}
 
     def _send(self, process: str, worker: Worker, iteration: int, inputs: dict) -> None:
@@ -144,12 +146,28 @@ class MultiProcessPlanExecutor(PlanExecutor):
         self.helpers.clear()
 
 
+def local_inputs(process: str, inputs: dict) -> dict:
+    """A helper's inputs as this process holds them. Over several processes (`jax.distributed`) each
+    process sends to its own helpers, on its own GPU, its copy of values every process holds whole;
+    a value sharded over processes has no whole copy here, so a chunk reading one stays in main."""
+    for name, value in inputs.items():
+        for leaf in jax.tree.leaves(value):
+            if not getattr(leaf, "is_fully_addressable", True) and not leaf.is_fully_replicated:
+                raise PlanError(f"Helper {process!r} reads {name!r}, which is split over this run's processes: a "
+                                f"helper gets whole values only. Keep the chunk that reads it in {MAIN!r}, or run "
+                                f"the plan on one process.")
+    return local_copy(inputs)
+
+
 def executor_for(config: TrainConfig, plan: Plan, worker_env: Optional[dict[str, dict[str, str]]] = None):
     """The executor that runs `plan`: one process, helper processes for deferred chunks, or group
     processes for a spread rollout."""
     if plan.spread_chunk is not None:
         from jaxrose.group_runtime import GroupSpreadExecutor
 
+        if jax.process_count() > 1:
+            raise PlanError("A plan that spreads the rollout over group processes runs on one process: over several "
+                            "processes each already steps its own env groups. Use a plan without a group spread.")
         return GroupSpreadExecutor(config, plan, worker_env=worker_env)
     if any(p != MAIN for p in plan.processes):
         return MultiProcessPlanExecutor(config, plan, worker_env=worker_env)

@@ -93,7 +93,7 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     if config.run.compile_cache:
         use_compile_cache(config.run.compile_cache)
     several = distributed.initialize(config.run)  # before anything touches a device (MPS comes later still)
-    if several and (config.run.mode != "sync" or config.run.plan):
+    if several and config.run.mode != "sync":
         raise ConfigError(SEVERAL_PROCESSES)
     if config.run.mode == "async":
         from jaxrose.async_train import train_async

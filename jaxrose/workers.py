@@ -18,6 +18,9 @@ import warnings
 from typing import Any, Callable, Iterator, Optional
 
 
+WORKER_VARIABLE = "JAXROSE_WORKER"  # set in every worker process: its name
+
+
 class WorkerError(RuntimeError):
     """A worker died, hung, or raised; the message names the worker and what to do."""
 
@@ -69,7 +72,8 @@ class Worker:
         """Starts the process without waiting: launch several, then `wait_ready` each, and they
         import and build concurrently."""
         self._launched = time.perf_counter()
-        with _environment(self.env):
+        # A worker serves its trainer alone: it never joins the trainer's `jax.distributed` run.
+        with _environment({**self.env, WORKER_VARIABLE: self.name}):
             self.process.start()
         self._child_conn.close()
 

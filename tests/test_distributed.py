@@ -109,6 +109,33 @@ def test_one_process_per_gpu_each_with_its_own_pin_and_the_evaluator_beside_proc
                                rtol=1e-3, atol=1e-3)
 
 
+def test_a_plans_helpers_run_beside_each_process(tmp_path, tiny_config):
+    """A plan with a deferred helper chunk (the H200 ablation's kept shape: reduce_metrics on a helper)
+    over two pinned processes: each process sends its own helper, on its own GPU, its copy of the
+    replicated inputs; parameters equal one process's sequential run within float32 rounding, and
+    process 0 logs the helper's metrics for every iteration."""
+    import json
+
+    from jaxrose.graph import build_graph
+    from jaxrose.plan import sequential_plan
+    from jaxrose.planner import _overlap_tail
+    from jaxrose.ppo_program import ITERATION_INPUTS
+
+    config = replace(tiny_config, **{"env.num_groups": 2, "run.num_evals": 2, "run.out_dir": str(tmp_path / "two")})
+    program = SequentialExecutor(config).program
+    plan = _overlap_tail(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS), "reduce_metrics")
+    plan.save(str(tmp_path / "plan.json"))
+    results = _run_two_processes(tmp_path, replace(config, **{"run.plan": str(tmp_path / "plan.json")}), 1,
+                                 {"LOCAL_RANK": "{rank}"})
+    single = train(replace(config, **{"run.out_dir": str(tmp_path / "one")}))
+    for result in results:
+        _assert_close(_flat(single.params), result, rtol=2e-4, atol=2e-5)
+    logged = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    helper_steps = sorted(r["step"] for r in logged if "train/policy_loss" in r)
+    steps = config.env_steps_per_iteration
+    assert helper_steps == [i * steps for i in range(1, config.num_iterations + 1)]
+
+
 def test_pinning_a_process_to_its_gpu(monkeypatch):
     for variable in (*distributed.LOCAL_RANK_VARS, "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(variable, raising=False)
@@ -188,8 +215,28 @@ def test_settings_are_validated(tiny_config):
         RunConfig(num_processes=2, process_id=2)
     with pytest.raises(ConfigError, match="run.mode='sync'"):
         RunConfig(num_processes=2, mode="async")
-    with pytest.raises(ConfigError, match="no run.plan"):
-        RunConfig(num_processes=2, plan="plan.json")
-    RunConfig(num_processes=2, eval_mode="process")  # the evaluator runs beside process 0
+    # The evaluator and a plan's helpers run beside each process, on its GPU.
+    RunConfig(num_processes=2, eval_mode="process", plan="plan.json")
     with pytest.raises(ConfigError, match=r"multiple of run\.devices \(2\) times 2 processes"):
         replace(tiny_config, **{"run.devices": 2, "run.num_processes": 2})
+
+
+def test_over_several_processes_a_helper_gets_whole_values_and_no_rollout_is_spread(monkeypatch, tiny_config):
+    from jaxrose.graph import build_graph
+    from jaxrose.plan import PlanError, sequential_plan, spread_rollout
+    from jaxrose.ppo_program import ITERATION_INPUTS
+    from jaxrose.runtime import executor_for, local_inputs
+
+    class SplitOverProcesses:  # stands in for a jax.Array sharded over processes (no whole copy here)
+        is_fully_addressable = False
+        is_fully_replicated = False
+
+    with pytest.raises(PlanError, match="Helper 'helper' reads 'batch', which is split over this run's processes"):
+        local_inputs("helper", {"batch": SplitOverProcesses()})
+    np.testing.assert_array_equal(local_inputs("helper", {"x": np.arange(3)})["x"], np.arange(3))
+    program = SequentialExecutor(tiny_config).program
+    spread = spread_rollout(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS),
+                            ("group0", "group1"), tiny_config.env.num_envs)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(PlanError, match="spreads the rollout over group processes runs on one process"):
+        executor_for(tiny_config, spread)
