@@ -42,3 +42,23 @@ def test_more_devices_than_present_is_an_error(tiny_config):
     config = replace(tiny_config, **{"env.num_groups": 8, "env.num_envs": 32, "run.devices": 8})
     with pytest.raises(ConfigError, match="run.devices is 8 but this process sees 4"):
         SequentialExecutor(config)
+
+
+def test_a_chunked_plan_over_four_devices_equals_the_sequential_run_there(tiny_config):
+    """A plan's chunks compile with the state's shardings (one compiled for one device would refuse the
+    sharded env state) and compute, bit for bit, what the one-program iteration computes on the same devices."""
+    from jaxrose.plan import sequential_plan, split_chunk
+    from jaxrose.plan_executor import PlanExecutor
+
+    config = replace(tiny_config, **{"env.num_groups": 4, "run.devices": 4})
+    _, expected, _ = run(config)
+    program = SequentialExecutor(config).program
+    plan = split_chunk(sequential_plan(program), "iteration", "prepare_batch")
+    executor = PlanExecutor(config, plan)
+    state = executor.init(jax.random.PRNGKey(11))
+    executor.compile(state)
+    for _ in range(2):
+        state, _ = executor.step(state)
+    assert len(jax.tree.leaves(state.env_state)[0].sharding.device_set) == 4
+    for a, b in zip(jax.tree.leaves(expected.learner.params), jax.tree.leaves(state.learner.params), strict=True):
+        np.testing.assert_array_equal(a, b)
