@@ -1,0 +1,136 @@
+"""The actor side of the asynchronous mode (`jaxrose.async_mode`): a spawned process that owns some
+env groups, rolls them out with the newest parameters it was sent whenever it holds a credit, and
+hands each trajectory back through its transport buffers. The learner side, the credits and the lag
+bound are `jaxrose.async_mode`'s."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jaxrose.config import TrainConfig
+from jaxrose.workers import Inbox
+
+
+def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seconds: float, env=None) -> None:
+    """Actor process: its env groups, the rollout stages, parameters in, trajectories out. `env`:
+    the env to step (a fault injector in tests); None builds the config's.
+
+    It rolls out whenever it holds a credit (the learner grants `1 + run_ahead` per actor, one more
+    per trajectory consumed) with the newest parameters it has. Rollout `seq` starts from the state
+    rollout `seq - 1` ended in (`starts[seq]`, kept until the learner reports it consumed, for
+    snapshots). A trajectory goes back through this actor's transport buffers for its batch size
+    (slot `seq % slots`; the learner copies it out on receipt) or, before the learner has sent
+    buffers for that size, through the pipe. With `run.on_nonfinite='skip'` an actor whose
+    trajectory holds NaN or Inf resets its broken envs before its next rollout, so no later rollout
+    (one started ahead included) and no snapshot starts from them."""
+    from envs.wrappers import wrap_for_training
+    from jaxrose.networks import make_actor_critic
+    from jaxrose.nonfinite import reset_broken_envs, trajectory_stages
+    from jaxrose.ppo_program import rollout_nodes
+    from jaxrose.program import Program, run_program
+    from jaxrose.sequential import make_env
+    from jaxrose.transport import attach
+
+    env = env if env is not None else make_env(config)
+    episode, per_group = config.env.episode_length, config.env.envs_per_group
+    groups = config.env.num_groups // num_actors
+    layout = lambda count: wrap_for_training(env, episode, count, per_group)  # noqa: E731
+    net = make_actor_critic(env.observation_size, env.action_size, config.network, config.ppo.normalize_observations)
+    # Stepping does not depend on the group count (only reset does), so one program serves every batch size.
+    program = Program("rollout", rollout_nodes(layout(groups), net, config))
+    # The sequential executor's key layout: every env reset from one key, then this actor's groups.
+    _, env_key, loop_key = jax.random.split(jax.random.PRNGKey(config.run.seed), 3)
+    env_state = jax.tree.map(lambda x: x[index * groups:(index + 1) * groups],
+                             jax.jit(layout(config.env.num_groups).reset)(env_key))
+    key = loop_key if num_actors == 1 else jax.random.fold_in(loop_key, index)
+
+    @jax.jit
+    def collect(params, normalizer, env_state, key):
+        out = run_program(program, {"params": params, "normalizer": normalizer, "env_state": env_state, "key": key})
+        return out["env_state"], out["key"], out["unrolls"]
+
+    def fresh_groups(count: int, update: int):
+        # New groups' envs: a key that depends only on the actor and the update of the change.
+        return jax.jit(layout(count).reset)(jax.random.fold_in(jax.random.fold_in(env_key, index), update))
+
+    @jax.jit
+    def repair(env_state, key):
+        return reset_broken_envs(layout(groups_of(env_state)), env_state, key)[0]
+
+    skip_nonfinite = config.run.on_nonfinite == "skip"
+    inbox = Inbox(conn)
+    conn.send(("ready", {"platform": jax.devices()[0].platform, "groups": groups}))
+    seq, credits, newest = 0, 0, None  # next rollout; rollouts granted; (version, params, normalizer)
+    starts = {0: (env_state, key)}  # start state of every rollout not yet consumed, and of the next
+    buffers: dict[int, list] = {}  # batch size (groups) -> transport slots
+    try:
+        while True:
+            message = inbox.get(block=credits == 0 or newest is None)
+            if message is not None:
+                kind = message[0]
+                if kind == "stop":
+                    return
+                if kind == "params":
+                    newest = message[1:]
+                elif kind == "credit":
+                    _, granted, consumed = message
+                    credits += granted
+                    for done in [s for s in starts if s < consumed]:
+                        del starts[done]
+                elif kind == "state":  # the start of rollout `which`: the next one's if it has not begun
+                    _, tag, which = message
+                    conn.send(("state", index, tag, jax.device_get(starts[which])))
+                elif kind == "restore":  # its group count is the restored state's
+                    _, state, seq = message
+                    starts, credits = {seq: jax.device_put(state)}, 0
+                elif kind == "resize":
+                    _, size, update = message
+                    env_state, key = starts[seq]
+                    starts[seq] = (resized(env_state, size, lambda count: fresh_groups(count, update)), key)
+                elif kind == "buffers":
+                    _, size, descriptions = message
+                    buffers[size] = [attach(d) for d in descriptions]
+                continue
+            version, params, normalizer = newest
+            began = time.perf_counter()
+            env_state, key, unrolls = collect(params, normalizer, *starts[seq])
+            size = trajectory_groups(unrolls)
+            if size in buffers:
+                slot = seq % len(buffers[size])
+                buffers[size][slot].write(unrolls)
+                payload = ("slot", slot)
+            else:
+                payload = ("pipe", jax.device_get(unrolls))
+            if delay_seconds:
+                time.sleep(delay_seconds)  # fault injection for tests: a deliberately slow group
+            conn.send(("trajectory", index, seq, version, size, payload, time.perf_counter() - began))
+            if skip_nonfinite and trajectory_stages(unrolls):  # after the send: the repair may compile
+                key, repair_key = jax.random.split(key)
+                env_state = repair(env_state, repair_key)
+            seq, credits = seq + 1, credits - 1
+            starts[seq] = (env_state, key)
+    finally:
+        for slots in buffers.values():
+            for slot in slots:
+                slot.close()
+
+
+def groups_of(env_state) -> int:
+    """Env groups in an env state (leading axis of every leaf)."""
+    return jax.tree.leaves(env_state)[0].shape[0]
+
+
+def resized(env_state, groups: int, fresh_groups):
+    """`env_state` with `groups` env groups: the first ones kept (a shrink drops the last groups and
+    their episodes in flight), new ones from `fresh_groups(count)`."""
+    have = groups_of(env_state)
+    if groups <= have:
+        return jax.tree.map(lambda x: x[:groups], env_state)
+    return jax.tree.map(lambda old, new: jnp.concatenate([old, new]), env_state, fresh_groups(groups - have))
+
+
+def trajectory_groups(unrolls: dict) -> int:
+    return unrolls["reward"].shape[2]  # [U, T, G, E]
