@@ -19,6 +19,9 @@
 #           the table is rewritten after every arm, so a cut run keeps what it measured
 #   probe   [PRESET]: where the tuned plan's gain comes from (scripts/gpu_plan_probe.py), with and without this
 #           process joining MPS (~4 min for ant-mlp)
+#   scale   [PRESET] [GPUS] [STEPS]: on a machine of several GPUs (nvidia-h200-x2 and up): one training run on 1 GPU,
+#           on GPUS pinned processes and on GPUS devices of one process, 4096 envs per GPU for ant-mlp
+#           (scripts/gpu_scale_check.py; ~3 min per run at 10M steps)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
 #   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS],... ; each preset with brax, sim, sequential
 #           (default 3 evaluations), each bounded by its SECONDS; suite.tar.gz rewritten after each preset
@@ -72,6 +75,8 @@ case "${1:?stage}" in
           timeout 280 python3 scripts/gpu_plan_probe.py "${2:-ant-mlp}" 7 $flag \
             --out="$out/probe_$mode.json" > "$out/probe_$mode.log" 2>&1; tail -n 1 "$out/probe_$mode.log"
         done ;;
+  scale) timeout 580 python3 scripts/gpu_scale_check.py "${2:-ant-mlp}" --gpus="${3:-2}" --steps="${4:-10000000}" \
+          --out="$out/scale.json" > "$out/scale.log" 2>&1; grep "^{" "$out/scale.log" | tail -n 1 ;;
   suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
         mkdir -p "$out/suite"; systems="${3:-brax,sim,sequential}"
         for entry in ${2//,/ }; do
