@@ -14,6 +14,8 @@
 #           follow it at once with `collect async` (it needs two calls)
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
 #           compile cache it reuses), with the learner and the evaluator capped if given (~4 min)
+#   async-solo: the async system with lag 0 and no run-ahead, so no rollout overlaps an update: the actor's own
+#           rollout time with the learner idle, to set against `async`'s (~4 min)
 #   ablate  [PRESET] [ARMS]: jaxrose ablate (ARMS a comma list; default sequential,all,no-overlap,no-groups,no-quotas),
 #           3 timed iterations per measurement, 2 structural candidates per arm, the shared compile cache;
 #           the table is rewritten after every arm, so a cut run keeps what it measured
@@ -66,6 +68,10 @@ case "${1:?stage}" in
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
          ${2:+--run.learner-sm-percentage $2} > "$out/async_only.log" 2>&1; grep "\[bench\]" "$out/async_only.log" ;;
+  async-solo) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
+         --systems async --repeats 3 --out "$out/async_solo" --record "$out/BENCH_async_solo.md" -- --run.actors 1 \
+         --run.compile-cache /tmp/bg/cc --run.actor-run-ahead 0 --run.max-policy-lag 0 > "$out/async_solo.log" 2>&1
+       grep "\[bench\]" "$out/async_solo.log" ;;
   ablate) arms="${3:-sequential,all,no-overlap,no-groups,no-quotas}"
         timeout "${ABLATE_SECONDS:-560}" python3 -m jaxrose.cli ablate --presets "${2:-ant-mlp}" --arms ${arms//,/ } \
           --iterations 3 --max-candidates 2 --compile-cache /tmp/bg/cc --out "$out/ablate" > "$out/ablate.log" 2>&1
