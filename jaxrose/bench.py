@@ -721,6 +721,11 @@ def _one_line(summary: dict) -> str:
         text += f", {summary['steady_sps_with_evals']:,.0f} incl. evals, final return {summary['final_return']:.4g}"
     if summary.get("random_actions", {}).get("status") == "ok":
         text += f" (zero actions); {summary['random_actions']['steady_sps']:,.0f} with random actions"
+    rollouts = summary.get("median_actor_rollout_seconds") or {}
+    if rollouts and summary.get("median_steady_learner_busy_seconds") is not None:  # the asynchronous system
+        text += (f"; actor rollout {', '.join(f'{t:.3f}' for t in rollouts.values())} s, learner busy "
+                 f"{summary['median_steady_learner_busy_seconds']:.3f} s and waiting "
+                 f"{summary['median_steady_learner_wait_seconds']:.3f} s per update (medians)")
     return text
 
 

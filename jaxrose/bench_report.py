@@ -111,6 +111,12 @@ def _eval_lines(results: dict) -> list[str]:
             share = sum(steady) / summary["steady_wall_seconds"] if summary["steady_wall_seconds"] > 0 else float("nan")
             lines.append(f"- {SYSTEM_LABELS[name]}: median evaluation {_fmt(statistics.median(steady), '.3f')} s, "
                          f"{_fmt(100 * share, '.0f')}% of the steady wall time")
+    summary = results["systems"].get("async", {})
+    if summary.get("status") == "ok" and summary.get("median_actor_rollout_seconds"):
+        rollouts = ", ".join(f"actor {i} {_fmt(t, '.3f')} s" for i, t in summary["median_actor_rollout_seconds"].items())
+        lines.append(f"- {SYSTEM_LABELS['async']}, per steady update (medians): rollout ({rollouts}; its own clock, "
+                     f"hand-off included), learner busy {_fmt(summary['median_steady_learner_busy_seconds'], '.3f')} s, "
+                     f"learner waiting {_fmt(summary['median_steady_learner_wait_seconds'], '.3f')} s")
     return lines
 
 

@@ -71,7 +71,7 @@ def test_systems_share_one_evaluation_schedule(bench_run):
 
 
 def test_async_system_reports_its_rates_and_lags(bench_run):
-    _, results, _ = bench_run
+    out, results, _ = bench_run
     summary = results["systems"]["async"]
     assert summary["eval_env_steps"] == results["systems"]["sequential"]["eval_env_steps"]
     assert _positive(summary["whole_run_rollout_sps"]) and _positive(summary["whole_run_updates_per_second"])
@@ -87,6 +87,8 @@ def test_async_system_reports_its_rates_and_lags(bench_run):
     assert len(summary["learner_busy_seconds"]) == len(summary["learner_wait_seconds"]) == len(summary["update_seconds"])
     assert all(_positive(t) for t in summary["learner_busy_seconds"])
     assert summary["median_steady_learner_busy_seconds"] > 0
+    report = (out / "results.md").read_text()
+    assert f"learner busy {summary['median_steady_learner_busy_seconds']:.3f} s" in report
 
 
 def test_overlapped_evaluation_keeps_the_same_results(bench_run):
