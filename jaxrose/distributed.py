@@ -141,8 +141,12 @@ def pin_gpu(run: RunConfig, several: bool) -> Optional[str]:
 
 
 def is_main_process() -> bool:
-    """Process 0 writes the logs, metrics, plots and checkpoint checksums."""
-    return jax.process_index() == 0
+    """Process 0 writes the logs, metrics, plots and checkpoint checksums. Read from `jax.distributed`'s
+    state, not `jax.process_index()`, which starts this process's GPU: before MPS is set up that would
+    leave every worker without MPS."""
+    from jax._src.distributed import global_state
+
+    return not jax.distributed.is_initialized() or global_state.process_id == 0
 
 
 def barrier(name: str) -> None:

@@ -76,3 +76,42 @@ def test_workers_share_the_persistent_compile_cache(tiny_config, tmp_path):
     entries = list(cache.iterdir())
     assert entries, "the cache folder holds compiled programs"
     assert any("evaluate" in p.name for p in entries), [p.name for p in entries][:5]
+
+
+_BACKEND_PROBE = """
+import pickle, sys
+from jax._src import xla_bridge
+import jaxrose.train
+
+train_module = sys.modules["jaxrose.train"]  # the package's `train` attribute is the function
+seen = []
+real = train_module.prepare_clients
+
+def recording(*args, **kwargs):
+    seen.append(xla_bridge.backends_are_initialized())
+    return real(*args, **kwargs)
+
+if __name__ == "__main__":  # the evaluator is spawned: it re-imports this file
+    train_module.prepare_clients = recording
+    with open(sys.argv[1], "rb") as f:
+        train_module.train(pickle.load(f))
+    print("BACKEND_STARTED_BEFORE_MPS", seen)
+"""
+
+
+def test_the_trainer_sets_up_its_workers_before_its_gpu_starts(tiny_config, tmp_path):
+    """MPS can only take in a process whose GPU has not started; a trainer that touched its device
+    first (e.g. through `jax.process_index()`) leaves the evaluator and its own quota without MPS,
+    silently on a CPU. In a fresh process, `train` must reach `prepare_clients` with no backend up."""
+    import pickle
+    import subprocess
+    import sys
+
+    config = replace(tiny_config, **{"run.eval_mode": "process", "run.out_dir": str(tmp_path / "run"),
+                                     "run.total_env_steps": 1024, "run.num_evals": 2})
+    (tmp_path / "config.pickle").write_bytes(pickle.dumps(config))
+    (tmp_path / "probe.py").write_text(_BACKEND_PROBE)
+    done = subprocess.run([sys.executable, str(tmp_path / "probe.py"), str(tmp_path / "config.pickle")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "BACKEND_STARTED_BEFORE_MPS [False]" in done.stdout, done.stdout[-2000:]
