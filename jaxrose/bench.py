@@ -329,31 +329,26 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
     with open(config_path, "rb") as f:
         config = pickle.load(f)
     prepare_clients({}, config.run.use_mps, config.run.compile_cache)  # before this process's GPU starts
-    if plan_path is not None:
-        from jaxrose.plan import Plan
-
-        plan = Plan.load(plan_path)
-        summary, result = run_sequential(replace(config, **{"run.plan": plan_path}), _ClockOnlySampler())
-        summary.update(eval_worker=result.eval_worker, plan=str(plan),
-                       tuning={"plan_file": plan_path, "tuning_seconds": None, "history": list(plan.history)})
-        with open(summary_path, "w") as f:
-            json.dump(jsonable(summary), f)
-        return
-    from jaxrose.tune import Switches, tune
-
-    tuned = tune(config, Switches(groups=groups), iterations=tune_iterations)
     with tempfile.TemporaryDirectory(prefix="jaxrose-tuned-") as tmp:
-        path = os.path.join(tmp, "plan.json")
-        tuned.plan.save(path)
-        summary, result = run_sequential(replace(config, **{"run.plan": path}), _ClockOnlySampler())
-    summary["eval_worker"] = result.eval_worker
-    summary["plan"] = str(tuned.plan)
-    summary["tuning"] = {"tuning_seconds": tuned.tuning_seconds, "iterations_per_measurement": tune_iterations,
-                         "switches": dataclasses.asdict(Switches(groups=groups)),
-                         "baseline_seconds": tuned.baseline_seconds, "final_seconds": tuned.final_seconds,
-                         "noise_seconds": tuned.noise_seconds, "speedup_per_iteration": tuned.speedup,
-                         "candidates_tried": len(tuned.trials), "candidates_kept": sum(t.kept for t in tuned.trials),
-                         "trials": [dataclasses.asdict(t) for t in tuned.trials]}
+        if plan_path is not None:  # tuned earlier: train with it, tune nothing here
+            from jaxrose.plan import Plan
+
+            plan = Plan.load(plan_path)
+            tuning = {"plan_file": plan_path, "tuning_seconds": None, "history": list(plan.history)}
+        else:
+            from jaxrose.tune import Switches, tune
+
+            tuned = tune(config, Switches(groups=groups), iterations=tune_iterations)
+            plan, plan_path = tuned.plan, os.path.join(tmp, "plan.json")
+            plan.save(plan_path)
+            tuning = {"tuning_seconds": tuned.tuning_seconds, "iterations_per_measurement": tune_iterations,
+                      "switches": dataclasses.asdict(Switches(groups=groups)),
+                      "baseline_seconds": tuned.baseline_seconds, "final_seconds": tuned.final_seconds,
+                      "noise_seconds": tuned.noise_seconds, "speedup_per_iteration": tuned.speedup,
+                      "candidates_tried": len(tuned.trials), "candidates_kept": sum(t.kept for t in tuned.trials),
+                      "trials": [dataclasses.asdict(t) for t in tuned.trials]}
+        summary, result = run_sequential(replace(config, **{"run.plan": plan_path}), _ClockOnlySampler())
+    summary.update(eval_worker=result.eval_worker, plan=str(plan), tuning=tuning)
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)
 

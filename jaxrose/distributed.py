@@ -24,6 +24,7 @@ from typing import Optional
 import jax
 
 from jaxrose.config import ConfigError, RunConfig
+from jaxrose.workers import WORKER_VARIABLE
 
 ENV_VARS = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
             "process_id": "JAX_PROCESS_ID"}
@@ -34,7 +35,7 @@ def coordinates(run: RunConfig) -> Optional[dict]:
     """`jax.distributed.initialize`'s arguments for this process, or None for a single process. A
     worker process (evaluator, helper, actor) is always a single process: it inherits its trainer's
     environment, coordinates included, but serves that trainer alone."""
-    if os.environ.get("JAXROSE_WORKER"):  # jaxrose.workers.WORKER_VARIABLE (imported lazily there)
+    if os.environ.get(WORKER_VARIABLE):
         return None
     found = {}
     for field, variable in ENV_VARS.items():
