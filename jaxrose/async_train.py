@@ -41,7 +41,8 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
     managed = run.resources.manager == "on"
     quotas = initial_allocation(run.resources, run.actors, [0]).sm_quotas if managed else [None] * run.actors
     envs = prepare_clients({**dict(zip(names, quotas)), "evaluator": run.eval_sm_percentage}, run.use_mps,
-                           run.compile_cache, own_quota=run.learner_sm_percentage)
+                           run.compile_cache, own_quota=run.learner_sm_percentage,
+                           priorities={"evaluator": run.eval_priority}, own_priority=run.learner_priority)
     out_dir = os.path.abspath(run.out_dir)
     sinks = list(callbacks)
     saver, manager = None, None

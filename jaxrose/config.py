@@ -219,6 +219,13 @@ class RunConfig:
     """SM quota of the training process itself under MPS (the learner in asynchronous mode), fixed at
     start; it takes effect where the run starts worker processes under MPS (asynchronous mode, an
     evaluation process, a plan with helpers). Capping the learner leaves SMs to actors beside it."""
+    learner_priority: Literal["normal", "below-normal"] = "normal"
+    """MPS scheduling priority of the training process itself, fixed at start like its quota: at
+    below-normal its kernels run only when no normal client's are ready (asynchronous mode: the
+    learner yields to the actors' rollouts, which set the pace)."""
+    eval_priority: Literal["normal", "below-normal"] = "normal"
+    """MPS scheduling priority of the evaluation process (run.eval_mode='process'): below-normal lets
+    evaluation fill gaps instead of slowing the training beside it."""
     use_mps: bool = True
     """Use a private MPS daemon for worker processes when the machine offers one."""
     mode: Literal["sync", "async"] = "sync"

@@ -3,8 +3,11 @@
 The daemon is private to this run: its pipe and log folders are fresh temporary folders, so it
 neither needs nor touches the machine-wide MPS set-up, and the GPU's compute mode is never changed.
 A client attaches only if `CUDA_MPS_PIPE_DIRECTORY` is set before it initialises CUDA; the quota
-(`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) is fixed for the client's life. A client that cannot reach the
-daemon silently runs without MPS, so attachment is verified from the SM count its JAX reports.
+(`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) is fixed for the client's life, and so is its scheduling priority
+(`CUDA_MPS_CLIENT_PRIORITY`: the daemon runs a below-normal client's kernels only when no normal
+client's are ready, so work with slack yields the SMs to the critical path instead of merely being
+capped). A client that cannot reach the daemon silently runs without MPS, so attachment is verified
+from the SM count its JAX reports.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Optional
 log = logging.getLogger(__name__)
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
+# `CUDA_MPS_CLIENT_PRIORITY` values (nvidia-cuda-mps-control accepts 0 or 1).
+PRIORITIES = {"normal": "0", "below-normal": "1"}
 
 
 class MpsError(RuntimeError):
@@ -111,8 +116,11 @@ class MpsDaemon:
             return False
         return result.returncode == 0
 
-    def client_env(self, sm_percentage: Optional[int] = None) -> dict[str, str]:
-        """Variables a client must have before CUDA starts (empty when the daemon is not running)."""
+    def client_env(self, sm_percentage: Optional[int] = None, priority: Optional[str] = None) -> dict[str, str]:
+        """Variables a client must have before CUDA starts (empty when the daemon is not running).
+        `priority`: "normal" or "below-normal" (None: the daemon's default, normal)."""
+        if priority is not None and priority not in PRIORITIES:
+            raise MpsError(f"An MPS client priority is one of {sorted(PRIORITIES)}, got {priority!r}.")
         if not self.running:
             return {}
         env = {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
@@ -120,6 +128,8 @@ class MpsDaemon:
             if not 1 <= sm_percentage <= 100:
                 raise MpsError(f"An SM quota must be a percentage in [1, 100], got {sm_percentage}.")
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percentage)
+        if priority is not None:
+            env["CUDA_MPS_CLIENT_PRIORITY"] = PRIORITIES[priority]
         return env
 
     def stop(self) -> None:
@@ -181,7 +191,9 @@ def clients_unavailable_reason(enabled: bool = True) -> Optional[str]:
 
 
 def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
-                    compile_cache: Optional[str] = None, own_quota: Optional[int] = None) -> dict[str, dict[str, str]]:
+                    compile_cache: Optional[str] = None, own_quota: Optional[int] = None,
+                    priorities: Optional[dict[str, Optional[str]]] = None,
+                    own_priority: Optional[str] = None) -> dict[str, dict[str, str]]:
     """Makes this process and the workers to come MPS clients of a private daemon, when possible.
 
     `quotas` maps each worker's name to its SM percentage (None: no cap). Returns each worker's
@@ -190,6 +202,8 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
     otherwise, or without MPS, everyone shares the GPU by time slicing and a warning says why. The
     daemon stops by itself once this process exits. A worker without a quota of its own beside a
     capped controller is given 100% explicitly, since it would otherwise inherit the controller's.
+    `priorities` (worker name → "normal" / "below-normal") and `own_priority` set MPS scheduling
+    priorities the same way: fixed at a client's start, a worker without one runs at normal priority.
     """
     import warnings
 
@@ -202,19 +216,26 @@ def prepare_clients(quotas: dict[str, Optional[int]], enabled: bool = True,
     if reason is None and _controller_daemon is None:
         daemon = MpsDaemon()
         if daemon.start():
-            os.environ.update(daemon.client_env(own_quota))
+            os.environ.update(daemon.client_env(own_quota, own_priority))
             daemon.stop_when_process_exits(os.getpid())
             _controller_daemon = daemon
     if reason is None and _controller_daemon is not None:
         # Later calls (one per plan measured while tuning) add clients to the same daemon.
         for name, quota in quotas.items():
-            envs[name].update(_controller_daemon.client_env(quota))
+            envs[name].update(_controller_daemon.client_env(quota, (priorities or {}).get(name)))
             if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in os.environ:  # a spawned child copies os.environ
                 envs[name].setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+            if "CUDA_MPS_CLIENT_PRIORITY" in os.environ:
+                envs[name].setdefault("CUDA_MPS_CLIENT_PRIORITY", PRIORITIES["normal"])
         if own_quota is not None and os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != str(own_quota):
             warnings.warn(f"This process attached to MPS earlier without the SM quota of {own_quota}% asked for now "
                           f"(a quota is fixed for a process's life); it runs at "
                           f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '100')}%.", stacklevel=3)
+        own = os.environ.get("CUDA_MPS_CLIENT_PRIORITY", PRIORITIES["normal"])
+        if own_priority is not None and own != PRIORITIES[own_priority]:
+            warnings.warn(f"This process attached to MPS earlier without the {own_priority} priority asked for now "
+                          f"(a priority is fixed for a process's life); it runs at "
+                          f"{dict((v, k) for k, v in PRIORITIES.items()).get(own, own)} priority.", stacklevel=3)
     elif reason is not None and gpu_count() > 0:  # on a CPU-only machine there is nothing to warn about
         warnings.warn(f"Worker processes share the GPU without MPS: {reason}.", stacklevel=3)
     return envs

@@ -108,13 +108,18 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     if helpers or evaluating_remotely:
         quotas = {**helpers, **({"evaluator": config.run.eval_sm_percentage} if evaluating_remotely else {})}
         worker_envs = prepare_clients(quotas, config.run.use_mps, config.run.compile_cache,
-                                      own_quota=config.run.learner_sm_percentage)
-    elif config.run.learner_sm_percentage is not None:
+                                      own_quota=config.run.learner_sm_percentage,
+                                      priorities={"evaluator": config.run.eval_priority},
+                                      own_priority=config.run.learner_priority)
+    else:
         import warnings
 
-        warnings.warn(f"run.learner_sm_percentage={config.run.learner_sm_percentage} has no effect: this run starts no "
-                      f"worker process under MPS (use it with run.mode='async', run.eval_mode='process' or a plan "
-                      f"with helpers).", stacklevel=2)
+        idle = [f"run.{name}={value}" for name, value, default in (
+            ("learner_sm_percentage", config.run.learner_sm_percentage, None),
+            ("learner_priority", config.run.learner_priority, "normal")) if value != default]
+        if idle:
+            warnings.warn(f"{' and '.join(idle)} has no effect: this run starts no worker process under MPS (use it "
+                          f"with run.mode='async', run.eval_mode='process' or a plan with helpers).", stacklevel=2)
     remote = None
     try:
         if evaluating_remotely:

@@ -19,6 +19,8 @@
 #   ablate  [PRESET] [ARMS]: jaxrose ablate (ARMS a comma list; default sequential,all,no-overlap,no-groups,no-quotas),
 #           3 timed iterations per measurement, 2 structural candidates per arm, the shared compile cache;
 #           the table is rewritten after every arm, so a cut run keeps what it measured
+#   priority  ant-mlp async at MPS priorities learner:evaluator normal:normal, below-normal:below-normal,
+#           normal:below-normal, normal:normal again, then the sim ceiling (~6 min with a warm compile cache)
 #   probe   [PRESET]: where the tuned plan's gain comes from (scripts/gpu_plan_probe.py), with and without this
 #           process joining MPS (~4 min for ant-mlp)
 #   scale   [PRESET] [GPUS] [STEPS]: on a machine of several GPUs (nvidia-h200-x2 and up): one training run on 1 GPU,
@@ -72,6 +74,16 @@ case "${1:?stage}" in
          --systems async --repeats 3 --out "$out/async_solo" --record "$out/BENCH_async_solo.md" -- --run.actors 1 \
          --run.compile-cache /tmp/bg/cc --run.actor-run-ahead 0 --run.max-policy-lag 0 > "$out/async_solo.log" 2>&1
        grep "\[bench\]" "$out/async_solo.log" ;;
+  priority) # the async system at each MPS priority setting (learner / evaluator), the baseline first and last
+         for setting in normal:normal below-normal:below-normal normal:below-normal normal:normal; do
+           learner=${setting%%:*}; evaluator=${setting##*:}; tag="L${learner}_E${evaluator}"
+           timeout 200 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
+             --systems async --repeats 3 --out "$out/prio/$tag" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
+             --run.learner-priority "$learner" --run.eval-priority "$evaluator" > "$out/prio_$tag.log" 2>&1
+           echo "$tag: $(grep "\[bench\].*steady" "$out/prio_$tag.log")"
+         done
+         timeout 120 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
+           --systems sim --repeats 5 --out "$out/prio/sim" > "$out/prio_sim.log" 2>&1; grep "\[bench\].*steady" "$out/prio_sim.log" ;;
   ablate) arms="${3:-sequential,all,no-overlap,no-groups,no-quotas}"
         timeout "${ABLATE_SECONDS:-560}" python3 -m jaxrose.cli ablate --presets "${2:-ant-mlp}" --arms ${arms//,/ } \
           --iterations 3 --max-candidates 2 --compile-cache /tmp/bg/cc --out "$out/ablate" > "$out/ablate.log" 2>&1

@@ -108,6 +108,32 @@ def test_a_capped_controller_gives_uncapped_workers_100_percent_explicitly(monke
         mps.prepare_clients({"actor1": None}, own_quota=60)
 
 
+def test_priorities_reach_each_client_and_a_below_normal_controller_leaves_workers_at_normal(monkeypatch, tmp_path):
+    import os
+
+    import jaxrose.mps as mps
+
+    _fake_mps_present(monkeypatch, tmp_path)
+    monkeypatch.setattr(mps.MpsDaemon, "stop_when_process_exits", lambda self, pid: None)
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
+    for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                 "CUDA_MPS_CLIENT_PRIORITY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    envs = mps.prepare_clients({"actor0": None, "evaluator": 20}, priorities={"evaluator": "below-normal"},
+                               own_priority="below-normal")
+    # nvidia-cuda-mps-control's values: 0 normal, 1 below normal. The learner (this process) yields;
+    # the actor, which a spawned child would otherwise give the learner's priority, says normal.
+    assert os.environ["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    assert envs["actor0"]["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    assert envs["evaluator"]["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    assert envs["evaluator"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
+    with pytest.warns(UserWarning, match="runs at below-normal priority"):
+        mps.prepare_clients({"actor1": None}, own_priority="normal")
+    with pytest.raises(MpsError, match="below-normal"):
+        mps.prepare_clients({"actor2": None}, priorities={"actor2": "low"})
+
+
 def test_a_learner_quota_without_worker_processes_warns_that_it_has_no_effect(tiny_config, tmp_path):
     from jaxrose import train
     from jaxrose.config import replace
@@ -115,6 +141,10 @@ def test_a_learner_quota_without_worker_processes_warns_that_it_has_no_effect(ti
     config = replace(tiny_config, **{"run.learner_sm_percentage": 40, "run.out_dir": str(tmp_path),
                                      "run.total_env_steps": 512, "run.num_evals": 2})
     with pytest.warns(UserWarning, match=r"run.learner_sm_percentage=40 has no effect.*run.mode='async'"):
+        train(config)
+    config = replace(config, **{"run.learner_sm_percentage": None, "run.learner_priority": "below-normal",
+                                "run.out_dir": str(tmp_path / "priority")})
+    with pytest.warns(UserWarning, match=r"run.learner_priority=below-normal has no effect"):
         train(config)
 
 
