@@ -21,6 +21,7 @@
 #           the table is rewritten after every arm, so a cut run keeps what it measured
 #   priority  ant-mlp async at MPS priorities learner:evaluator normal:normal, below-normal:below-normal,
 #           normal:below-normal, normal:normal again, then the sim ceiling (~6 min with a warm compile cache)
+#   actor   [PRESET]: where the async actor's rollout time goes (scripts/gpu_actor_probe.py; ~4 min)
 #   probe   [PRESET]: where the tuned plan's gain comes from (scripts/gpu_plan_probe.py), with and without this
 #           process joining MPS (~4 min for ant-mlp)
 #   scale   [PRESET] [GPUS] [STEPS]: on a machine of several GPUs (nvidia-h200-x2 and up): one training run on 1 GPU,
@@ -84,6 +85,8 @@ case "${1:?stage}" in
          done
          timeout 120 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
            --systems sim --repeats 5 --out "$out/prio/sim" > "$out/prio_sim.log" 2>&1; grep "\[bench\].*steady" "$out/prio_sim.log" ;;
+  actor) JAX_COMPILATION_CACHE_DIR=/tmp/bg/cc timeout 420 python3 scripts/gpu_actor_probe.py "${2:-ant-mlp}" 9 \
+           --out="$out/actor_probe.json" > "$out/actor_probe.log" 2>&1; grep -v "^{" "$out/actor_probe.log" | tail -12 ;;
   ablate) arms="${3:-sequential,all,no-overlap,no-groups,no-quotas}"
         timeout "${ABLATE_SECONDS:-560}" python3 -m jaxrose.cli ablate --presets "${2:-ant-mlp}" --arms ${arms//,/ } \
           --iterations 3 --max-candidates 2 --compile-cache /tmp/bg/cc --out "$out/ablate" > "$out/ablate.log" 2>&1
