@@ -11,7 +11,8 @@ iteration as
 
 then `actor_collect` again while a learner process (another MPS client) runs PPO updates back to
 back, once at normal and once at below-normal MPS priority, each with the updates' own rate.
-Usage: python3 scripts/gpu_actor_probe.py [PRESET] [REPEATS] [--out=PATH]
+Usage: python3 scripts/gpu_actor_probe.py [PRESET] [REPEATS] [--alone-only] [--out=PATH]
+(--alone-only: the five rollouts alone, no learner process)
 """
 
 import json
@@ -142,7 +143,8 @@ def main() -> None:
         print(name, f"{result['alone'][name]['median_seconds']:.4f}", file=sys.stderr, flush=True)
 
     result["beside_learner"] = {}
-    for worker, priority in (("learner_normal", "normal"), ("learner_below", "below-normal")):
+    for worker, priority in () if "--alone-only" in sys.argv else (("learner_normal", "normal"),
+                                                                    ("learner_below", "below-normal")):
         folder = tempfile.mkdtemp()
         stop, report = os.path.join(folder, "stop"), os.path.join(folder, "report.json")
         env_vars = {**os.environ, **envs[worker], "PYTHONPATH": os.pathsep.join(sys.path)}

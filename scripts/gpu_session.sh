@@ -14,6 +14,7 @@
 #           follow it at once with `collect async` (it needs two calls)
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
 #           compile cache it reuses), with the learner and the evaluator capped if given (~4 min)
+#   async-actors [N]: the async system with N actors (default 2) splitting the 4096 envs (~2-3 min)
 #   async-solo: the async system with lag 0 and no run-ahead, so no rollout overlaps an update: the actor's own
 #           rollout time with the learner idle, to set against `async`'s (~4 min)
 #   ablate  [PRESET] [ARMS]: jaxrose ablate (ARMS a comma list; default sequential,all,no-overlap,no-groups,no-quotas),
@@ -21,7 +22,8 @@
 #           the table is rewritten after every arm, so a cut run keeps what it measured
 #   priority  ant-mlp async at MPS priorities learner:evaluator normal:normal, below-normal:below-normal,
 #           normal:below-normal, normal:normal again, then the sim ceiling (~6 min with a warm compile cache)
-#   actor   [PRESET]: where the async actor's rollout time goes (scripts/gpu_actor_probe.py; ~4 min)
+#   actor   [PRESET] [alone]: where the async actor's rollout time goes (scripts/gpu_actor_probe.py; ~4 min;
+#           with `alone`, without the runs beside a learner process, ~2 min)
 #   probe   [PRESET]: where the tuned plan's gain comes from (scripts/gpu_plan_probe.py), with and without this
 #           process joining MPS (~4 min for ant-mlp)
 #   scale   [PRESET] [GPUS] [STEPS]: on a machine of several GPUs (nvidia-h200-x2 and up): one training run on 1 GPU,
@@ -71,6 +73,10 @@ case "${1:?stage}" in
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
          ${2:+--run.learner-sm-percentage $2} > "$out/async_only.log" 2>&1; grep "\[bench\]" "$out/async_only.log" ;;
+  async-actors) timeout "${ASYNC_SECONDS:-400}" python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 \
+         --num-evals 4 --systems async --repeats 3 --out "$out/async_actors${2:-2}" --record "$out/BENCH_async_actors.md" \
+         -- --run.actors "${2:-2}" --run.compile-cache /tmp/bg/cc > "$out/async_actors.log" 2>&1
+       grep "\[bench\]" "$out/async_actors.log" ;;
   async-solo) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async --repeats 3 --out "$out/async_solo" --record "$out/BENCH_async_solo.md" -- --run.actors 1 \
          --run.compile-cache /tmp/bg/cc --run.actor-run-ahead 0 --run.max-policy-lag 0 > "$out/async_solo.log" 2>&1
@@ -85,8 +91,8 @@ case "${1:?stage}" in
          done
          timeout 120 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
            --systems sim --repeats 5 --out "$out/prio/sim" > "$out/prio_sim.log" 2>&1; grep "\[bench\].*steady" "$out/prio_sim.log" ;;
-  actor) JAX_COMPILATION_CACHE_DIR=/tmp/bg/cc timeout 420 python3 scripts/gpu_actor_probe.py "${2:-ant-mlp}" 9 \
-           --out="$out/actor_probe.json" > "$out/actor_probe.log" 2>&1; grep -v "^{" "$out/actor_probe.log" | tail -12 ;;
+  actor) JAX_COMPILATION_CACHE_DIR=/tmp/bg/cc timeout "${ACTOR_SECONDS:-420}" python3 scripts/gpu_actor_probe.py \
+           "${2:-ant-mlp}" 9 ${3:+--alone-only} --out="$out/actor_probe.json" > "$out/actor_probe.log" 2>&1; grep -v "^{" "$out/actor_probe.log" | tail -12 ;;
   ablate) arms="${3:-sequential,all,no-overlap,no-groups,no-quotas}"
         timeout "${ABLATE_SECONDS:-560}" python3 -m jaxrose.cli ablate --presets "${2:-ant-mlp}" --arms ${arms//,/ } \
           --iterations 3 --max-candidates 2 --compile-cache /tmp/bg/cc --out "$out/ablate" > "$out/ablate.log" 2>&1
