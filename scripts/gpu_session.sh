@@ -75,7 +75,7 @@ case "${1:?stage}" in
          ${2:+--run.learner-sm-percentage $2} > "$out/async_only.log" 2>&1; grep "\[bench\]" "$out/async_only.log" ;;
   async-actors) timeout "${ASYNC_SECONDS:-400}" python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 \
          --num-evals 4 --systems async --repeats 3 --out "$out/async_actors${2:-2}" --record "$out/BENCH_async_actors.md" \
-         -- --run.actors "${2:-2}" --env.num-groups "${2:-2}" --env.envs-per-group $((4096 / ${2:-2})) \
+         -- --run.actors "${2:-2}" --env.num-groups "${2:-2}" \
          --run.compile-cache /tmp/bg/cc > "$out/async_actors.log" 2>&1
        grep "\[bench\]" "$out/async_actors.log" ;;
   async-solo) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
