@@ -88,7 +88,7 @@ seen = []
 real = train_module.prepare_clients
 
 def recording(*args, **kwargs):
-    seen.append(xla_bridge.backends_are_initialized())
+    seen.append((xla_bridge.backends_are_initialized(), kwargs.get("priorities"), kwargs.get("own_priority")))
     return real(*args, **kwargs)
 
 if __name__ == "__main__":  # the evaluator is spawned: it re-imports this file
@@ -108,10 +108,13 @@ def test_the_trainer_sets_up_its_workers_before_its_gpu_starts(tiny_config, tmp_
     import sys
 
     config = replace(tiny_config, **{"run.eval_mode": "process", "run.out_dir": str(tmp_path / "run"),
-                                     "run.total_env_steps": 1024, "run.num_evals": 2})
+                                     "run.total_env_steps": 1024, "run.num_evals": 2,
+                                     "run.eval_priority": "below-normal", "run.learner_priority": "below-normal"})
     (tmp_path / "config.pickle").write_bytes(pickle.dumps(config))
     (tmp_path / "probe.py").write_text(_BACKEND_PROBE)
     done = subprocess.run([sys.executable, str(tmp_path / "probe.py"), str(tmp_path / "config.pickle")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "BACKEND_STARTED_BEFORE_MPS [False]" in done.stdout, done.stdout[-2000:]
+    # ... and hands it the MPS priorities asked for: the evaluator's, and its own.
+    assert "BACKEND_STARTED_BEFORE_MPS [(False, {'evaluator': 'below-normal'}, 'below-normal')]" in done.stdout, \
+        done.stdout[-2000:]
