@@ -3,12 +3,21 @@ kept "reduce_metrics on a helper, deferred" at 315 ms per iteration against 353 
 reduce_metrics alone takes ~3 ms). Measures, by `tune.measure_plan` in one process, the sequential
 plan, the same program split before reduce_metrics with both chunks in this process, and the split with
 the tail on a deferred helper, then the sequential plan again (drift check).
-Usage: python3 scripts/gpu_plan_probe.py [PRESET] [ITERATIONS] [--no-mps] [--out=PATH]. With --no-mps
-this process does not join the MPS daemon before its GPU starts (as `jaxrose ablate` did then)."""
+Usage: python3 scripts/gpu_plan_probe.py [PRESET] [ITERATIONS] [--no-mps] [--companion] [--out=PATH]. With
+--no-mps this process does not join the MPS daemon before its GPU starts (as `jaxrose ablate` did then).
+
+Measured on the H200 (BENCHMARKS.md, session 19): the deferred helper shortens the iteration by 10% only
+without MPS, while the same split in one process does nothing. `--companion` adds two plans that test
+whether any second CUDA context does it: the sequential plan beside a plain process that only holds a
+GPU context (`beside_idle_context`), and beside one that runs a small jitted reduction every 0.35 s, about
+the helper's cadence and work (`beside_ticking_context`)."""
 
 import json
+import os
 import statistics
+import subprocess
 import sys
+import time
 
 from gpu_output import write_out  # scripts/ is on the path when a script runs
 
@@ -40,9 +49,41 @@ def main() -> None:
         seconds = measure_plan(config, plan, iterations)
         result["plans"][name] = {"median_seconds": statistics.median(seconds), "seconds": seconds}
         print(json.dumps({name: result["plans"][name]}), flush=True)
+    if "--companion" in sys.argv:
+        for name, tick in (("beside_idle_context", 0), ("beside_ticking_context", 1)):
+            companion = subprocess.Popen([sys.executable, __file__, f"--companion-loop={tick}"],
+                                         stdin=subprocess.PIPE, env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+            time.sleep(20)  # its JAX and GPU context up (and its first compile) before the timing
+            seconds = measure_plan(config, sequential, iterations)
+            companion.stdin.close()
+            companion.wait(timeout=60)
+            result["plans"][name] = {"median_seconds": statistics.median(seconds), "seconds": seconds}
+            print(json.dumps({name: result["plans"][name]}), flush=True)
     print(json.dumps(result))
     write_out(result)
 
 
+def companion_loop(tick: bool) -> None:
+    """A second CUDA context (plain, or an MPS client where this process's environment says so): holds
+    the GPU until its stdin closes, with a small reduction every 0.35 s when `tick`."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((128, 32), jnp.float32)
+    reduce = jax.jit(lambda v: (jnp.mean(v, axis=0), jnp.std(v, axis=0)))
+    jax.block_until_ready(reduce(x))
+    closed = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
+    while not closed.wait(0.35):
+        if tick:
+            jax.block_until_ready(reduce(x))
+
+
 if __name__ == "__main__":
-    main()
+    loops = [a for a in sys.argv if a.startswith("--companion-loop=")]
+    if loops:
+        companion_loop(loops[0].split("=", 1)[1] == "1")
+    else:
+        main()

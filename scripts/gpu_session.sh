@@ -26,6 +26,8 @@
 #           with `alone`, without the runs beside a learner process, ~2 min)
 #   probe   [PRESET]: where the tuned plan's gain comes from (scripts/gpu_plan_probe.py), with and without this
 #           process joining MPS (~4 min for ant-mlp)
+#   probe-companion [PRESET]: the probe without MPS, plus the sequential plan beside a second CUDA context that
+#           is idle or ticks like the helper: does any second context shorten the iteration? (~5 min)
 #   scale   [PRESET] [GPUS] [STEPS]: on a machine of several GPUs (nvidia-h200-x2 and up): one training run on 1 GPU,
 #           on GPUS pinned processes and on GPUS devices of one process, 4096 envs per GPU for ant-mlp
 #           (scripts/gpu_scale_check.py; ~3 min per run at 10M steps)
@@ -103,6 +105,8 @@ case "${1:?stage}" in
           timeout 280 python3 scripts/gpu_plan_probe.py "${2:-ant-mlp}" 7 $flag \
             --out="$out/probe_$mode.json" > "$out/probe_$mode.log" 2>&1; tail -n 1 "$out/probe_$mode.log"
         done ;;
+  probe-companion) timeout 400 python3 scripts/gpu_plan_probe.py "${2:-ant-mlp}" 7 --no-mps --companion \
+          --out="$out/probe_companion.json" > "$out/probe_companion.log" 2>&1; grep "^{" "$out/probe_companion.log" | tail -n 1 ;;
   scale) timeout 580 python3 scripts/gpu_scale_check.py "${2:-ant-mlp}" --gpus="${3:-2}" --steps="${4:-10000000}" \
           --out="$out/scale.json" > "$out/scale.log" 2>&1; grep "^{" "$out/scale.log" | tail -n 1 ;;
   suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
