@@ -61,6 +61,10 @@ def _comma_list(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
+def _comma_ints(text: str) -> tuple[int, ...]:
+    return tuple(int(item) for item in _comma_list(text))
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """What to benchmark; the command-line flags are generated from these fields."""
@@ -81,6 +85,10 @@ class BenchConfig:
     eval_sm_percentage: Optional[int] = _setting(
         None, "SM quota (%%) of the evaluation process in the overlapped, spread and async systems: evaluation has a "
               "whole evaluation period of slack, so it can give SMs to training (None: no cap)", int)
+    async_group_levels: tuple[int, ...] = _setting(
+        (), "the `async` system with its resource manager on, free to move each actor's batch among these env "
+            "group counts (comma list; must include the starting env.num_groups / run.actors), as EBRL grows batch "
+            "sizes where the GPU has room (default: manager off, batch sizes fixed)", _comma_ints)
     return_threshold: Optional[float] = _setting(
         None, "evaluation return for the time-to-threshold comparison (default: the highest return every "
               "system reached)", float)
@@ -121,7 +129,7 @@ def parse_args(args: list[str]) -> BenchConfig:
     for field in dataclasses.fields(BenchConfig):
         if field.name == "train_args":
             continue
-        default = field.default if not isinstance(field.default, tuple) else ",".join(field.default)
+        default = field.default if not isinstance(field.default, tuple) else ",".join(map(str, field.default))
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=field.metadata["parse"],
                             default=field.default, help=f"{field.metadata['help']} (default: {default})")
     return BenchConfig(**vars(parser.parse_args(args)), train_args=train_args)
@@ -353,14 +361,17 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
         json.dump(jsonable(summary), f)
 
 
-def run_async(config, sampler) -> dict:
+def run_async(config, sampler, group_levels: tuple[int, ...] = ()) -> dict:
     """The asynchronous mode (actor processes, evaluation in its own process), in a fresh process.
-    A preset laid out as fewer groups than actors is regrouped as one group per actor."""
+    A preset laid out as fewer groups than actors is regrouped as one group per actor. With
+    `group_levels`, its resource manager runs and may move each actor's batch among those sizes."""
     from jaxrose.config import replace
 
     changes = {"run.mode": "async"}
     if config.env.num_groups % config.run.actors:
         changes["env.num_groups"] = config.run.actors
+    if group_levels:
+        changes.update({"run.resources.manager": "on", "run.resources.group_levels": tuple(group_levels)})
     return _run_in_child("_async_child", replace(config, **changes), sampler)
 
 
@@ -441,6 +452,7 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "median_steady_learner_busy_seconds": _median_or_none(run.learner_busy_seconds[first_steady:]),
         "median_steady_learner_wait_seconds": _median_or_none(run.learner_wait_seconds[first_steady:]),
         "learner_sm_count": getattr(jax.devices()[0], "core_count", None),  # its MPS quota, as the learner sees it
+        "resource_manager": config.run.resources.manager, "resource_decisions": run.resource_decisions,
     }
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)
@@ -616,7 +628,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups,
                                               bench.tuned_plan)
                 elif name == "async":
-                    systems[name] = run_async(config, sampler)
+                    systems[name] = run_async(config, sampler, bench.async_group_levels)
                 else:
                     systems[name], train_result = run_sequential(config, sampler)
             except Exception as e:  # one failed system must not lose the others' measurements

@@ -12,6 +12,9 @@
 #   async   [LEARNER_SM%]: ant-mlp 10M steps, 4 evaluations: brax, sim, sequential and async (1 actor of 4096 envs,
 #           run-ahead 1, lag <= 1; the learner capped at LEARNER_SM% if given), started with bg: ~10 min in all, so
 #           follow it at once with `collect async` (it needs two calls)
+#   grow    [STEPS] [LEVELS]: #8's time-to-threshold: brax and the async system with its resource manager free to
+#           grow each actor's batch among LEVELS env groups of 4096 (default 1,2,4), 30M steps, 6 evaluations;
+#           started with bg (~6-7 min): follow with `collect grow`
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
 #           compile cache it reuses), with the learner and the evaluator capped if given (~4 min)
 #   async-actors [N]: the async system with N actors (default 2) splitting the 4096 envs (~2-3 min)
@@ -71,6 +74,9 @@ case "${1:?stage}" in
   async) start_bg async bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,brax,sequential,sim --repeats 3 --out /tmp/bg/async/results --record /tmp/bg/async/BENCH.md \
          -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${2:+--run.learner-sm-percentage $2} ;;
+  grow) start_bg grow bench --preset ant-mlp --total-env-steps "${2:-30000000}" --num-evals 6 --systems async,brax \
+         --repeats 3 --async-group-levels "${3:-1,2,4}" --out /tmp/bg/grow/results --record /tmp/bg/grow/BENCH.md \
+         -- --run.actors 1 --run.compile-cache /tmp/bg/cc ;;
   async-only) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \

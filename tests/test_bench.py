@@ -142,6 +142,24 @@ def test_tuned_system_trains_with_a_saved_plan_without_tuning(bench_run, tmp_pat
     assert summary["eval_returns"] == results["systems"]["sequential"]["eval_returns"]
 
 
+def test_async_system_with_group_levels_runs_its_resource_manager_within_them():
+    """`--async-group-levels`: the async system alone gets the manager, free to move batch sizes
+    among the levels; every batch change it logs stays within them."""
+    from jaxrose.bench import _ClockOnlySampler, run_async, train_config
+
+    bench = parse_args(ARGS + ["--async-group-levels", "1,2", "--", "--run.actors", "1",
+                               "--run.resources.interval", "0.3", "--run.resources.patience", "1"])
+    assert bench.async_group_levels == (1, 2)
+    config = train_config(bench)
+    assert config.run.resources.manager == "off"  # the other systems run without it
+    summary = run_async(config, _ClockOnlySampler(), bench.async_group_levels)
+    assert summary["status"] == "ok" and summary["resource_manager"] == "on"
+    decisions = summary["resource_decisions"]
+    assert decisions and decisions[0]["kind"] == "initial", decisions
+    assert {d["kind"] for d in decisions} <= {"initial", "sm_quota", "restart", "cores", "groups", "resize"}, decisions
+    assert all(d["after"] in (1, 2) for d in decisions if d["kind"] in ("groups", "resize")), decisions
+
+
 def test_tuned_plan_must_be_a_file():
     with pytest.raises(ConfigError, match="--tuned-plan 'missing.json' is not a file"):
         parse_args(["--tuned-plan", "missing.json"])
