@@ -5,6 +5,7 @@
 #   mps     MPS attachment per quota and transport costs (~1 min)
 #   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)
 #   ovl     ant-mlp, 50M steps, evaluation overlapped in an MPS process (~3 min)
+#   ovl-prio  ant-mlp 10M, the overlapped system with its evaluator at normal and at below-normal priority (~5 min)
 #   tfm     pusher-transformer: sim ceiling, sequential, overlapped, 10M steps (~4 min)
 #   spread  PRESET STEPS: sim ceiling, sequential, rollout groups spread over 2 MPS processes
 #           (pusher-transformer 5M: sim + sequential alone took ~6.5 min; give spread its own call:
@@ -65,6 +66,14 @@ case "${1:?stage}" in
          --out "$out/ant" --record "$out/BENCH_ant.md" > "$out/ant.log" 2>&1; grep "\[bench\]" "$out/ant.log" ;;
   ovl) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --systems overlapped \
          --out "$out/ovl" --record "$out/BENCH_ovl.md" > "$out/ovl.log" 2>&1; grep "\[bench\]" "$out/ovl.log" ;;
+  ovl-prio) # the overlapped system (evaluation in its own MPS process) with the evaluator at normal, then
+         # below-normal MPS priority: does a yielding evaluator stop slowing the training beside it?
+         for priority in normal below-normal; do
+           timeout 260 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
+             --systems overlapped --repeats 3 --out "$out/ovl_$priority" -- --run.compile-cache /tmp/bg/cc \
+             --run.eval-priority "$priority" > "$out/ovl_$priority.log" 2>&1
+           echo "$priority: $(grep "\[bench\].*steady" "$out/ovl_$priority.log")"
+         done ;;
   tfm) timeout 500 python3 -m jaxrose.cli bench --preset pusher-transformer --total-env-steps 10000000 --num-evals 5 \
          --systems sim,sequential,overlapped --repeats 5 --out "$out/tfm" --record "$out/BENCH_tfm.md" \
          > "$out/tfm.log" 2>&1; grep "\[bench\]" "$out/tfm.log" ;;
