@@ -7,6 +7,7 @@ iteration as
 - `flat_policy_nostore`: the same scan with the policy choosing the actions, nothing stored;
 - `flat_policy_store`: ... and every transition stored, as a rollout must;
 - `nested_policy_store`: ... in the actor's loop shape (unrolls × unroll_length nested scans);
+- `nested_inner_unrolled`: ... with the inner scan unrolled (`lax.scan(unroll=True)`: one while loop, not two);
 - `actor_collect`: the actor's own jitted program (`jaxrose.async_actor`);
 
 then `actor_collect` again while a learner process (another MPS client) runs PPO updates back to
@@ -53,14 +54,16 @@ def learner_loop(preset: str, stop_file: str, report_file: str) -> None:
 def timed(fn, args, repeats: int) -> dict:
     import jax
 
+    start = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
+    compile_seconds = time.perf_counter() - start
     jax.block_until_ready(compiled(*args))
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         seconds.append(time.perf_counter() - start)
-    return {"median_seconds": statistics.median(seconds), "seconds": seconds}
+    return {"median_seconds": statistics.median(seconds), "seconds": seconds, "compile_seconds": compile_seconds}
 
 
 def main() -> None:
@@ -122,9 +125,9 @@ def main() -> None:
     def flat(store):
         return with_params(lambda state, key: jax.lax.scan(policy_step(store), (state, key), None, length=steps))
 
-    def nested(state, key):
+    def nested(state, key, inner_unrolled=False):
         def unroll(carry, _):
-            return jax.lax.scan(policy_step(True), carry, None, length=length)
+            return jax.lax.scan(policy_step(True), carry, None, length=length, unroll=inner_unrolled)
         return jax.lax.scan(unroll, (state, key), None, length=unrolls)
 
     program = Program("rollout", rollout_nodes(layout, net, config))
@@ -137,10 +140,12 @@ def main() -> None:
     full = (params, normalizer, state, key)
     variants = {"sim_flat_zero": (sim_flat_zero, (state, key)), "flat_policy_nostore": (flat(False), full),
                 "flat_policy_store": (flat(True), full), "nested_policy_store": (with_params(nested), full),
-                "actor_collect": (actor_collect, full)}
+                "actor_collect": (actor_collect, full),
+                "nested_inner_unrolled": (with_params(lambda s, k: nested(s, k, inner_unrolled=True)), full)}
     for name, (fn, fn_args) in variants.items():
         result["alone"][name] = timed(fn, fn_args, repeats)
         print(name, f"{result['alone'][name]['median_seconds']:.4f}", file=sys.stderr, flush=True)
+        write_out(result)  # a run cut at its time limit keeps what it measured
 
     result["beside_learner"] = {}
     for worker, priority in () if "--alone-only" in sys.argv else (("learner_normal", "normal"),
