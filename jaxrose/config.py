@@ -219,6 +219,11 @@ class RunConfig:
     """SM quota of the training process itself under MPS (the learner in asynchronous mode), fixed at
     start; it takes effect where the run starts worker processes under MPS (asynchronous mode, an
     evaluation process, a plan with helpers). Capping the learner leaves SMs to actors beside it."""
+    unroll_rollout_steps: bool = False
+    """Unroll the rollout's per-step loop (`ppo.unroll_length` steps of policy and env) into
+    straight-line code, leaving one device loop (over unrolls) instead of two nested ones. Same
+    results; a longer compile. For GPUs, where entering a device loop has a cost of its own
+    (`scripts/gpu_actor_probe.py` measures both shapes)."""
     learner_priority: Literal["normal", "below-normal"] = "normal"
     """MPS scheduling priority of the training process itself, fixed at start like its quota: at
     below-normal its kernels run only when no normal client's are ready (asynchronous mode: the

@@ -76,7 +76,8 @@ def rollout_nodes(env, net: ActorCritic, config: TrainConfig, group_slice: tuple
         Stage("split_iteration_key", split_iteration_key, ("key",), ("key", "collect_key"), "rng"),
         Loop("unroll", length=config.unrolls_per_iteration, collect={"unrolls": "unroll"}, body=(
             Stage("split_unroll_key", split_unroll_key, ("collect_key",), ("collect_key", "step_key"), "rng"),
-            Loop("rollout_step", length=config.ppo.unroll_length, collect={"steps": "transition"}, body=(
+            Loop("rollout_step", length=config.ppo.unroll_length, collect={"steps": "transition"},
+                 unroll=config.ppo.unroll_length if config.run.unroll_rollout_steps else 1, body=(
                 Stage("policy_inference", policy_inference, ("params", "normalizer", "env_state", "step_key"),
                       ("step_key", "action", "policy_extras", "obs"), "policy"),
                 Stage("env_step", env_step, ("env_state", "action", "policy_extras", "obs"),

@@ -56,12 +56,17 @@ class Loop:
     """{per-step name: stacked name}: step t reads stacked[t] under the per-step name."""
     collect: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """{stacked name: per-step name}: each step's value is stacked into stacked name after the loop."""
+    unroll: int = 1
+    """Steps per device-loop iteration (`lax.scan`'s unroll); the loop's length turns it into
+    straight-line code with no device loop at all. Same computation; a longer compile."""
 
     def __post_init__(self):
         if self.length is None and not self.over:
             raise ProgramError(f"Loop {self.name!r} needs a length or names to iterate `over`.")
         if self.length is not None and self.length < 1:
             raise ProgramError(f"Loop {self.name!r} has length {self.length}; it must be >= 1.")
+        if self.unroll < 1:
+            raise ProgramError(f"Loop {self.name!r} has unroll {self.unroll}; it must be >= 1.")
 
 
 Node = Union[Stage, Loop]
@@ -147,5 +152,6 @@ def _run_loop(loop: Loop, state: dict) -> dict:
         s = _run(loop.body, {**constants, **carry, **(x or {})})
         return {n: s[n] for n in carried}, {per: s[per] for per in loop.collect.values()}
 
-    carry, ys = jax.lax.scan(body, {n: state[n] for n in carried}, xs or None, length=loop.length)
+    carry, ys = jax.lax.scan(body, {n: state[n] for n in carried}, xs or None, length=loop.length,
+                             unroll=loop.unroll)
     return {**carry, **{stacked: ys[per] for stacked, per in loop.collect.items()}}

@@ -6,6 +6,7 @@
 #   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)
 #   ovl     ant-mlp, 50M steps, evaluation overlapped in an MPS process (~3 min)
 #   ovl-prio  ant-mlp 10M, the overlapped system with its evaluator at normal and at below-normal priority (~5 min)
+#   unroll  [PRESET]: the sequential system with run.unroll_rollout_steps false, then true (~5 min)
 #   tfm     pusher-transformer: sim ceiling, sequential, overlapped, 10M steps (~4 min)
 #   spread  PRESET STEPS: sim ceiling, sequential, rollout groups spread over 2 MPS processes
 #           (pusher-transformer 5M: sim + sequential alone took ~6.5 min; give spread its own call:
@@ -73,6 +74,13 @@ case "${1:?stage}" in
              --systems overlapped --repeats 3 --out "$out/ovl_$priority" -- --run.compile-cache /tmp/bg/cc \
              --run.eval-priority "$priority" > "$out/ovl_$priority.log" 2>&1
            echo "$priority: $(grep "\[bench\].*steady" "$out/ovl_$priority.log")"
+         done ;;
+  unroll) # the sequential system with the rollout's per-step loop as a device loop, then unrolled
+         for unrolled in false true; do
+           timeout 280 python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --total-env-steps 10000000 --num-evals 4 \
+             --systems sequential --repeats 3 --out "$out/unroll_$unrolled" -- --run.compile-cache /tmp/bg/cc \
+             --run.unroll-rollout-steps "$unrolled" > "$out/unroll_$unrolled.log" 2>&1
+           echo "unrolled=$unrolled: $(grep "\[bench\].*steady" "$out/unroll_$unrolled.log")"
          done ;;
   tfm) timeout 500 python3 -m jaxrose.cli bench --preset pusher-transformer --total-env-steps 10000000 --num-evals 5 \
          --systems sim,sequential,overlapped --repeats 5 --out "$out/tfm" --record "$out/BENCH_tfm.md" \

@@ -31,6 +31,23 @@ def test_ppo_program_equals_hand_written_iteration(tiny_config):
     assert all(float(v) == 1.0 for v in health.values())
 
 
+def test_unrolled_rollout_steps_compute_the_same_iteration(tiny_config):
+    """`run.unroll_rollout_steps`: the per-step loop as straight-line code gives the same training
+    state as the nested loops, bit for bit (on the CPU), iteration after iteration."""
+    from jaxrose.config import replace
+
+    unrolled = SequentialExecutor(replace(tiny_config, **{"run.unroll_rollout_steps": True}))
+    looped = SequentialExecutor(tiny_config)
+    step_loop = [n for n in unrolled.program.body if isinstance(n, Loop)][0].body[1]
+    assert step_loop.name == "rollout_step" and step_loop.unroll == tiny_config.ppo.unroll_length
+    state_a, state_b = unrolled.init(jax.random.PRNGKey(3)), looped.init(jax.random.PRNGKey(3))
+    for _ in range(3):
+        state_a, _ = unrolled.step(state_a)
+        state_b, _ = looped.step(state_b)
+    for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_ppo_program_validates_and_lists_components(tiny_config):
     program = SequentialExecutor(tiny_config).program
     program.validate(set(ITERATION_INPUTS))
@@ -97,3 +114,5 @@ def test_undeclared_writes_are_refused():
 def test_loop_needs_a_trip_count():
     with pytest.raises(ProgramError, match="needs a length"):
         Loop("forever", body=())
+    with pytest.raises(ProgramError, match="unroll 0"):
+        Loop("nowhere", length=3, unroll=0, body=())
