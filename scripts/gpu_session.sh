@@ -76,11 +76,11 @@ case "${1:?stage}" in
            echo "$priority: $(grep "\[bench\].*steady" "$out/ovl_$priority.log")"
          done ;;
   unroll) # the sequential system with the rollout's per-step loop as a device loop, then unrolled
-         for unrolled in false true; do
+         for unrolled in no-unroll-rollout-steps unroll-rollout-steps; do
            timeout 280 python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --total-env-steps 10000000 --num-evals 4 \
              --systems sequential --repeats 3 --out "$out/unroll_$unrolled" -- --run.compile-cache /tmp/bg/cc \
-             --run.unroll-rollout-steps "$unrolled" > "$out/unroll_$unrolled.log" 2>&1
-           echo "unrolled=$unrolled: $(grep "\[bench\].*steady" "$out/unroll_$unrolled.log")"
+             "--run.$unrolled" > "$out/unroll_$unrolled.log" 2>&1
+           echo "$unrolled: $(grep "\[bench\].*steady" "$out/unroll_$unrolled.log")"
          done ;;
   tfm) timeout 500 python3 -m jaxrose.cli bench --preset pusher-transformer --total-env-steps 10000000 --num-evals 5 \
          --systems sim,sequential,overlapped --repeats 5 --out "$out/tfm" --record "$out/BENCH_tfm.md" \
