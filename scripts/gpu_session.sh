@@ -108,8 +108,9 @@ case "${1:?stage}" in
          --run.compile-cache /tmp/bg/cc --run.actor-run-ahead 0 --run.max-policy-lag 0 > "$out/async_solo.log" 2>&1
        grep "\[bench\]" "$out/async_solo.log" ;;
   priority) # the async system at each MPS priority setting (learner / evaluator), the baseline first and last
+         run=0
          for setting in normal:normal below-normal:below-normal normal:below-normal normal:normal; do
-           learner=${setting%%:*}; evaluator=${setting##*:}; tag="L${learner}_E${evaluator}"
+           run=$((run + 1)); learner=${setting%%:*}; evaluator=${setting##*:}; tag="${run}_L${learner}_E${evaluator}"
            timeout 200 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
              --systems async --repeats 3 --out "$out/prio/$tag" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
              --run.learner-priority "$learner" --run.eval-priority "$evaluator" > "$out/prio_$tag.log" 2>&1
