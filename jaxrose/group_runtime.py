@@ -24,7 +24,7 @@ import numpy as np
 from jaxrose.config import TrainConfig, replace
 from jaxrose.mps import prepare_clients
 from jaxrose.networks import make_actor_critic
-from jaxrose.plan import GROUP_RESIDENT_STATE, Plan, PlanError
+from jaxrose.plan import GROUP_RESIDENT_STATE, Plan, PlanError, with_unrolled_loops
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.ppo_program import ITERATION_INPUTS, rollout_nodes, run_state_to_program_state
 from jaxrose.program import Program, run_program, writes_of
@@ -60,7 +60,8 @@ def group_chunk_program(config: TrainConfig, plan: Plan, index: int, program_fac
         raise PlanError(f"Chunk {chunk.name!r} spreads groups but holds {sorted(set(chunk.nodes) - set(nodes))}: "
                         f"beyond PPO's rollout nodes ({', '.join(nodes)}) the group processes need the program "
                         f"that defines them (pass program_factory).")
-    return Program(f"{plan.program}/{chunk.name}@{index}", tuple(nodes[n] for n in chunk.nodes))
+    return Program(f"{plan.program}/{chunk.name}@{index}",
+                   with_unrolled_loops([nodes[n] for n in chunk.nodes], chunk.unrolled))
 
 
 def _slice_groups(tree: Any, index: int, count: int) -> Any:

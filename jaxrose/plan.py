@@ -16,7 +16,7 @@ import json
 from typing import Optional
 
 from jaxrose.graph import DataflowGraph
-from jaxrose.program import Program
+from jaxrose.program import Loop, Program
 
 PLAN_FORMAT = 1
 
@@ -34,6 +34,8 @@ class Chunk:
     group_processes: tuple[str, ...] = ()
     """Non-empty: the env groups are spread over these processes, each running this chunk for its
     share of the groups, all at once (see `spread_groups`)."""
+    unrolled: tuple[str, ...] = ()
+    """Loops (by name, at any depth) this chunk runs as straight-line code (see `unroll_loop`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,8 @@ class Plan:
             raise PlanError(f"Plan file format is not {PLAN_FORMAT}; it was written by another jaxrose version. "
                             f"Re-run `jaxrose tune` to make a new plan.")
         chunks = tuple(Chunk(c["name"], tuple(c["nodes"]), c["process"], c["deferred"],
-                             tuple(c.get("group_processes", ()))) for c in data["chunks"])
+                             tuple(c.get("group_processes", ())), tuple(c.get("unrolled", ())))
+                       for c in data["chunks"])
         return Plan(data["program"], chunks, data["num_groups"], tuple(tuple(q) for q in data["quotas"]),
                     tuple(data["history"]))
 
@@ -92,7 +95,8 @@ class Plan:
             where = "+".join(chunk.group_processes) + " (groups spread)" if chunk.group_processes else chunk.process
             lines.append(f"  {chunk.name:24s} process={where}"
                          f"{f' ({quota}% SMs)' if quota else ''}{' deferred' if chunk.deferred else ''}: "
-                         f"{' → '.join(chunk.nodes)}")
+                         f"{' → '.join(chunk.nodes)}"
+                         f"{' (unrolled: ' + ', '.join(chunk.unrolled) + ')' if chunk.unrolled else ''}")
         if self.history:
             lines.append("  transformations: " + "; ".join(self.history))
         return "\n".join(lines)
@@ -155,7 +159,7 @@ def fuse_chunks(plan: Plan, first: str, second: str) -> Plan:
     if a.process != b.process or a.deferred != b.deferred:
         raise PlanError(f"Chunks {first!r} and {second!r} run in different processes or iterations; "
                         f"place them together before fusing.")
-    fused = dataclasses.replace(a, nodes=a.nodes + b.nodes)
+    fused = dataclasses.replace(a, nodes=a.nodes + b.nodes, unrolled=a.unrolled + b.unrolled)
     chunks = tuple(c for c in _replace_chunk(plan.chunks, first, (fused,)) if c.name != second)
     return dataclasses.replace(plan, chunks=chunks, history=plan.history + (f"fuse {first}+{second}",))
 
@@ -304,7 +308,51 @@ def _replace_chunk(chunks, name, replacement) -> tuple[Chunk, ...]:
     return tuple(out)
 
 
+def unroll_loop(plan: Plan, program: Program, loop_name: str) -> Plan:
+    """Runs loop `loop_name` as straight-line code (`lax.scan` fully unrolled): a loop nested in
+    another leaves one device loop instead of two. Same computation, longer compile; on a GPU,
+    entering a device loop has a cost of its own, which only a measurement can weigh."""
+    for chunk in plan.chunks:
+        for node in (program_node(program, n) for n in chunk.nodes):
+            loop = _find_loop(node, loop_name)
+            if loop is None:
+                continue
+            if loop.length is None:
+                raise PlanError(f"Loop {loop_name!r} iterates over data (no static length): only a loop with a "
+                                f"`length` unrolls.")
+            if loop_name in chunk.unrolled:
+                raise PlanError(f"Loop {loop_name!r} is unrolled already.")
+            unrolled = dataclasses.replace(chunk, unrolled=chunk.unrolled + (loop_name,))
+            return dataclasses.replace(plan, chunks=_replace_chunk(plan.chunks, chunk.name, (unrolled,)),
+                                       history=plan.history + (f"unroll loop {loop_name}",))
+    raise PlanError(f"No loop named {loop_name!r} in program {program.name!r}.")
+
+
+def program_node(program: Program, name: str):
+    return next(node for node in program.body if node.name == name)
+
+
+def _find_loop(node, name: str):
+    if not isinstance(node, Loop):
+        return None
+    if node.name == name:
+        return node
+    return next((found for child in node.body if (found := _find_loop(child, name)) is not None), None)
+
+
+def with_unrolled_loops(nodes, names) -> tuple:
+    """`nodes` with every loop named in `names` (at any depth) fully unrolled."""
+    def rebuild(node):
+        if not isinstance(node, Loop):
+            return node
+        body = tuple(rebuild(child) for child in node.body)
+        unroll = node.length if node.name in names else node.unroll
+        return dataclasses.replace(node, body=body, unroll=unroll)
+
+    return tuple(rebuild(node) for node in nodes) if names else tuple(nodes)
+
+
 def chunk_program(program: Program, chunk: Chunk) -> Program:
     nodes = {node.name: node for node in program.body}
-    return Program(f"{program.name}/{chunk.name}", tuple(nodes[n] for n in chunk.nodes))
+    return Program(f"{program.name}/{chunk.name}", with_unrolled_loops([nodes[n] for n in chunk.nodes], chunk.unrolled))
 

@@ -4,7 +4,7 @@ measured noise; then SM quotas for the helper processes, under MPS only.
 
 Every optimization has a switch, so a researcher can reproduce an ablation: `groups` (the rollout's
 env groups spread over concurrent processes), `overlap` (chunks on helper processes beside the next
-iteration), `restructure` (split/fuse chunks), `quotas`, and
+iteration), `restructure` (split/fuse chunks, and nested loops unrolled into straight-line code), `quotas`, and
 `validate` (off: keep whatever the model predicts to be faster, without measuring).
 """
 
@@ -20,10 +20,11 @@ import jax
 from jaxrose.config import TrainConfig
 from jaxrose.graph import build_graph
 from jaxrose.mps import clients_unavailable_reason
-from jaxrose.plan import Plan, sequential_plan, spread_rollout, with_quota
+from jaxrose.plan import Plan, PlanError, sequential_plan, spread_rollout, unroll_loop, with_quota
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.planner import rank
 from jaxrose.ppo_program import ITERATION_INPUTS
+from jaxrose.program import Loop
 from jaxrose.program_profiler import default_executor_factory, profile_program
 from jaxrose.runtime import MAIN, executor_for
 
@@ -121,6 +122,9 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
     elif switches.groups:
         current, current_seconds = _tune_groups(config, program, graph, current, current_seconds, noise,
                                                 iterations, trials)
+    if switches.restructure:
+        current, current_seconds = _tune_loops(config, program, current, current_seconds, noise, switches,
+                                               iterations, trials)
     current, current_seconds = _tune_quotas(config, current, current_seconds, noise, switches, iterations, trials)
     return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start)
 
@@ -153,6 +157,37 @@ def _tune_groups(config: TrainConfig, program, graph, plan: Plan, seconds: float
         if kept:
             plan, seconds = candidate, measured
     return plan, seconds
+
+
+def _tune_loops(config: TrainConfig, program, plan: Plan, seconds: float, noise: float, switches: Switches,
+                iterations: int, trials: list[Trial]) -> tuple[Plan, float]:
+    """Each loop nested in another (with a static length of at most 16 steps) unrolled: one device loop
+    less, a longer body. The stage profile has no model of a loop's own cost, so the end-to-end
+    measurement alone judges it."""
+    names = [loop.name for loop in _nested_loops(program.body) if loop.length is not None and loop.length <= 16]
+    for name in names:
+        description = f"unroll loop {name}"
+        if not switches.validate:
+            trials.append(Trial(description, 0.0, None, False,
+                                "skipped: with validation off only model predictions count, and none exists for it"))
+            continue
+        try:
+            candidate = unroll_loop(plan, program, name)
+        except PlanError as e:
+            trials.append(Trial(description, 0.0, None, False, f"illegal: {e}"))
+            continue
+        kept, measured = _judge(config, candidate, description, 0.0, seconds, noise, iterations, trials)
+        if kept:
+            plan, seconds = candidate, measured
+    return plan, seconds
+
+
+def _nested_loops(nodes, inside: bool = False) -> list[Loop]:
+    found = []
+    for node in nodes:
+        if isinstance(node, Loop):
+            found.extend(([node] if inside else []) + _nested_loops(node.body, inside=True))
+    return found
 
 
 def _program(config: TrainConfig):

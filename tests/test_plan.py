@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from jaxrose.graph import ITERATION, build_graph
-from jaxrose.plan import (Plan, PlanError, defer, fuse_chunks, place, sequential_plan, split_chunk, split_groups,
-                          validate)
+from jaxrose.plan import (Plan, PlanError, chunk_program, defer, fuse_chunks, place, sequential_plan, split_chunk,
+                          split_groups, unroll_loop, validate)
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.ppo_program import ITERATION_INPUTS
 from jaxrose.sequential import SequentialExecutor
@@ -96,6 +96,7 @@ def every_transformation(program, graph, num_envs):
         ("learner in its own process", place(split_chunk(base, "iteration", "prepare_batch"), "prepare_batch",
                                              "learner", 50)),
         ("metrics deferred to the next iteration", defer(tail, program, graph, "reduce_metrics")),
+        ("rollout steps unrolled, then every node split", unroll_loop(split_all, program, "rollout_step")),
     ]
 
 
@@ -108,6 +109,22 @@ def test_every_transformation_keeps_the_parameters(tiny_config):
         assert_same(expected_state.learner, state.learner)
         assert_same(expected_state.env_state, state.env_state, tiny_config.env.num_envs)
         assert metrics == expected_metrics, label
+
+
+def test_only_a_loop_with_a_static_length_unrolls_and_the_plan_keeps_it(program_and_graph):
+    program, _ = program_and_graph
+    plan = unroll_loop(sequential_plan(program), program, "rollout_step")
+    assert plan.chunks[0].unrolled == ("rollout_step",) and plan.history[-1] == "unroll loop rollout_step"
+    assert Plan.from_json(plan.to_json()) == plan and "unrolled: rollout_step" in str(plan)
+    unrolled = chunk_program(program, plan.chunks[0])
+    inner = [n for n in unrolled.body if n.name == "unroll"][0].body[1]
+    assert inner.name == "rollout_step" and inner.unroll == inner.length
+    with pytest.raises(PlanError, match="iterates over data"):
+        unroll_loop(plan, program, "minibatch")
+    with pytest.raises(PlanError, match="unrolled already"):
+        unroll_loop(plan, program, "rollout_step")
+    with pytest.raises(PlanError, match="No loop named 'nowhere'"):
+        unroll_loop(plan, program, "nowhere")
 
 
 def test_bad_group_count_names_the_setting(program_and_graph):

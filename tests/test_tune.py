@@ -22,6 +22,10 @@ def test_tune_keeps_only_measured_improvements(tiny_config):
         if trial.kept:
             current = trial.measured_seconds
     assert result.final_seconds == pytest.approx(current)
+    # The nested rollout-step loop is tried unrolled, judged by its measurement like every candidate.
+    unroll = [t for t in result.trials if t.description == "unroll loop rollout_step"]
+    assert len(unroll) == 1 and unroll[0].measured_seconds > 0
+    assert any("rollout_step" in chunk.unrolled for chunk in result.plan.chunks) == unroll[0].kept
     program = SequentialExecutor(tiny_config).program
     validate(result.plan, program, build_graph(program, ITERATION_INPUTS))
 
