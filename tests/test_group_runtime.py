@@ -74,6 +74,34 @@ def test_spread_groups_equals_sequential(tiny_config):
     assert not existing(segments), "shared-memory segments leaked"
 
 
+def test_group_processes_run_a_spread_chunk_with_its_loops_unrolled(tiny_config):
+    """A spread chunk whose rollout-step loop the plan unrolled: the group processes build their
+    program with it unrolled and the parameters stay the sequential run's."""
+    from jaxrose.plan import unroll_loop
+
+    config = replace(tiny_config, **{"env.num_groups": 4})
+    sequential = SequentialExecutor(config)
+    state = sequential.init(jax.random.PRNGKey(3))
+    for _ in range(2):
+        state, _ = sequential.step(state)
+    plan, program, _ = spread_plan(config)
+    plan = unroll_loop(plan, program, "rollout_step")
+    assert plan.spread_chunk.unrolled == ("rollout_step",)
+    from jaxrose.group_runtime import group_chunk_program
+
+    group_program = group_chunk_program(config, plan, 0)
+    inner = [n for n in group_program.body if n.name == "unroll"][0].body[1]
+    assert inner.name == "rollout_step" and inner.unroll == inner.length
+    runtime = GroupSpreadExecutor(config, Plan.from_json(plan.to_json()), timeout=120)
+    try:
+        other = runtime.init(jax.random.PRNGKey(3))
+        for _ in range(2):
+            other, _ = runtime.step(other)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(other.learner), jax.device_get(state.learner))
+    finally:
+        runtime.close()
+
+
 def test_illegal_spreads_are_refused(tiny_config):
     config = replace(tiny_config, **{"env.num_groups": 4})
     program = SequentialExecutor(config).program
