@@ -402,6 +402,8 @@ class AsyncTrainer:
         self.actor_rollout_seconds = {i: [] for i in range(self.num_actors)}
         rollouts = {i: 0 for i in range(self.num_actors)}
         pending: dict = {}  # snapshots waiting for actors' states
+        if on_snapshot is not None:
+            nonfinite.before_stop = lambda: self._finish_snapshots(pending, on_snapshot, timeout)
         start_time, done = time.perf_counter(), version
         steps_per_group_rollout = self.config.env_steps_per_iteration // self.config.env.num_groups
         while ((done < updates) if updates is not None else (consumed < env_steps)) and not (
@@ -468,6 +470,15 @@ class AsyncTrainer:
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
                            sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport,
                            {i: list(t) for i, t in self.actor_rollout_seconds.items()}, busy, waits)
+
+    def _finish_snapshots(self, pending: dict, on_snapshot, timeout: float) -> None:
+        """Delivers the snapshots still waiting for actors' states (each holds states from before
+        whatever stops the run), waiting up to `timeout` for the actors' answers."""
+        deadline = time.monotonic() + timeout
+        self._deliver(pending, on_snapshot)
+        while pending and time.monotonic() < deadline:
+            self._pump(deadline)
+            self._deliver(pending, on_snapshot)
 
     def _snapshot_request(self, version: int, consumed: int, learner) -> tuple:
         """Asks every actor for the state its oldest unconsumed rollout starts from (see the module doc)."""

@@ -74,6 +74,9 @@ class NonFinitePolicy:
         self.last_checkpoint, self.out_dir, self.unit = last_checkpoint, out_dir, unit
         self.skipped: list[int] = []
         self.consecutive: dict[str, int] = {}  # kind of skip ("iterations", "trajectories from actor1") -> in a row
+        # Called before a stop names the last good checkpoint: the asynchronous learner finishes the
+        # snapshots of good states it still awaits actors' answers for, so none is lost.
+        self.before_stop: Optional[Callable[[], None]] = None
 
     def healthy(self, kind: str = "iterations") -> None:
         self.consecutive[kind] = 0
@@ -82,10 +85,12 @@ class NonFinitePolicy:
         """Raises `NonFiniteError` for `finding` (a sentence naming the stages) unless it may be
         skipped; then counts it, and the caller drops the bad data and calls `warn`."""
         if not self.skip:
+            self._finish_saves()
             raise NonFiniteError(f"{finding}. The run stopped before saving that state; {self._last_good()}. {ADVICE} "
                                  f"(run.on_nonfinite='skip' skips such updates instead).")
         in_a_row = self.consecutive.get(kind, 0)
         if in_a_row >= self.limit:
+            self._finish_saves()
             raise NonFiniteError(
                 f"{finding}, after {in_a_row} skipped {kind} in a row (run.max_consecutive_skips={self.limit}), "
                 f"so the run stopped: skipping does not help here; {self._last_good()}. {ADVICE}.")
@@ -95,6 +100,13 @@ class NonFinitePolicy:
     def warn(self, finding: str, consequence: str, then: str = "", kind: str = "iterations") -> None:
         warnings.warn(f"{finding}; {consequence} (run.on_nonfinite='skip'; {self.consecutive[kind]} in a row, of at "
                       f"most run.max_consecutive_skips={self.limit}){then}.", NonFiniteWarning, stacklevel=3)
+
+    def _finish_saves(self) -> None:
+        if self.before_stop is not None:
+            try:
+                self.before_stop()
+            except Exception as error:  # the stop itself must still be raised, naming what is on disk
+                warnings.warn(f"Finishing the pending checkpoints before stopping failed: {error}", stacklevel=3)
 
     def _last_good(self) -> str:
         step = self.last_checkpoint()
