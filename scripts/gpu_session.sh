@@ -19,7 +19,8 @@
 #           started with bg (~6-7 min): follow with `collect grow`
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
 #           compile cache it reuses), with the learner and the evaluator capped if given (~4 min)
-#   async-actors [N]: the async system with N actors (default 2) splitting the 4096 envs (~2-3 min)
+#   async-actors [N]: the async system with N actors (default 2) splitting the 4096 envs (~2-3 min);
+#           SYSTEMS=async,sim adds the sim ceiling (4096 envs, one process) measured on the same machine
 #   async-solo: the async system with lag 0 and no run-ahead, so no rollout overlaps an update: the actor's own
 #           rollout time with the learner idle, to set against `async`'s (~4 min)
 #   ablate  [PRESET] [ARMS]: jaxrose ablate (ARMS a comma list; default sequential,all,no-overlap,no-groups,no-quotas),
@@ -99,10 +100,10 @@ case "${1:?stage}" in
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
          ${2:+--run.learner-sm-percentage $2} > "$out/async_only.log" 2>&1; grep "\[bench\]" "$out/async_only.log" ;;
   async-actors) timeout "${ASYNC_SECONDS:-400}" python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 \
-         --num-evals 4 --systems async --repeats 3 --out "$out/async_actors${2:-2}" --record "$out/BENCH_async_actors.md" \
-         -- --run.actors "${2:-2}" --env.num-groups "${2:-2}" \
-         --run.compile-cache /tmp/bg/cc > "$out/async_actors.log" 2>&1
-       grep "\[bench\]" "$out/async_actors.log" ;;
+         --num-evals 4 --systems "${SYSTEMS:-async}" --repeats 3 --out "$out/async_actors${2:-2}" \
+         --record "$out/BENCH_async_actors${2:-2}.md" -- --run.actors "${2:-2}" --env.num-groups "${2:-2}" \
+         --run.compile-cache /tmp/bg/cc > "$out/async_actors${2:-2}.log" 2>&1
+       grep "\[bench\]" "$out/async_actors${2:-2}.log" ;;
   async-solo) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async --repeats 3 --out "$out/async_solo" --record "$out/BENCH_async_solo.md" -- --run.actors 1 \
          --run.compile-cache /tmp/bg/cc --run.actor-run-ahead 0 --run.max-policy-lag 0 > "$out/async_solo.log" 2>&1
