@@ -189,10 +189,18 @@ class GroupWrapper(Wrapper):
 
     def reset(self, key: jax.Array) -> State:
         keys = jax.random.split(key, self.num_groups * self.envs_per_group)
-        return self._reset(keys.reshape(self.batch_shape + keys.shape[1:]))
+        return strongly_typed(self._reset(keys.reshape(self.batch_shape + keys.shape[1:])))
 
     def step(self, state: State, action: jax.Array) -> State:
-        return self._step(state, action)
+        return strongly_typed(self._step(state, action))
+
+
+def strongly_typed(tree):
+    """`tree` with no weakly typed leaf. Envs write Python scalars into their state (brax's ant:
+    `done = 0.0`), which come out weakly typed from `step` but not from `reset`; a jitted rollout
+    fed its own output would then see new input types and compile a second time (12 s for ant on
+    the H200)."""
+    return jax.tree.map(lambda x: x.astype(x.dtype) if getattr(x, "weak_type", False) else x, tree)
 
 
 def wrap_for_training(env: Env, episode_length: int, num_groups: int, envs_per_group: int) -> GroupWrapper:

@@ -57,10 +57,35 @@ def test_training_stack_contract(name):
     # After 3 steps every episode has ended (truncated, or terminated earlier and reset since).
     assert np.all(np.asarray(state.done) == 1.0)
     np.testing.assert_allclose(state.obs, first_obs)
+    # The state's types are a fixed point: step fed its own output never compiles again.
+    assert step._cache_size() == 1
     # brax's wrappers add metric keys at reset ('reward') and scan over step: step carries them.
     raw = env.reset(jax.random.PRNGKey(1))
     raw = raw.replace(metrics={**raw.metrics, "reward": jnp.zeros(())})
     assert set(jax.jit(env.step)(raw, jnp.zeros(env.action_size)).metrics) == set(raw.metrics)
+
+
+def test_training_state_is_strongly_typed_so_a_rollout_compiles_once():
+    """An env writing a Python scalar into its state (brax's ant does: `done = 0.0`) makes step's
+    output weakly typed where reset's was not; through the training wrappers every leaf comes out
+    strongly typed, so a jitted step fed its own output keeps one compiled program."""
+
+    class ScalarDone(envs.make("point_mass").__class__):
+        def step(self, state, action):
+            return super().step(state, action).replace(done=0.0)
+
+    env = ScalarDone()
+    raw_step = jax.jit(jax.vmap(env.step))
+    state = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), 2))
+    assert raw_step(state, jnp.zeros((2, env.action_size))).done.weak_type  # the defect the wrapper removes
+
+    train_env = wrap_for_training(env, episode_length=5, num_groups=1, envs_per_group=2)
+    state = jax.jit(train_env.reset)(jax.random.PRNGKey(0))
+    step = jax.jit(train_env.step)
+    for _ in range(3):
+        state = step(state, jnp.zeros((1, 2, env.action_size)))
+        assert not any(leaf.weak_type for leaf in jax.tree.leaves(state))
+    assert step._cache_size() == 1
 
 
 def test_unknown_env_lists_known_names():
