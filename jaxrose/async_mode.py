@@ -120,7 +120,7 @@ def _concatenate(unrolls: list[dict]) -> dict:
 
 
 def _check_batch_sizes(config: TrainConfig, num_actors: int, max_lag: int) -> None:
-    """Every batch an update may take splits into ppo.num_minibatches minibatches."""
+    """Every batch an update may take splits into minibatches (`learner_config`)."""
     start = config.env.num_groups // num_actors
     resources = config.run.resources
     levels = resources.group_levels if resources.manager == "on" else ()
@@ -132,11 +132,33 @@ def _check_batch_sizes(config: TrainConfig, num_actors: int, max_lag: int) -> No
     if max_lag > 0 and (start * per_group) % minibatches:
         raise ConfigError(f"One actor's batch holds {start * per_group} segments, not a multiple of "
                           f"ppo.num_minibatches ({minibatches}); change the minibatch count or the actor count.")
+    size = learner_config(config, num_actors, max_lag).ppo.minibatch_segments
     for groups in levels:
-        if (groups * per_group) % minibatches:
+        segments = groups * per_group
+        if size is None and segments % minibatches:
             raise ConfigError(f"A batch of {groups} group(s) per actor (run.resources.group_levels) holds "
-                              f"{groups * per_group} segments, not a multiple of ppo.num_minibatches ({minibatches}); "
+                              f"{segments} segments, not a multiple of ppo.num_minibatches ({minibatches}); "
                               f"change the levels or the minibatch count.")
+        if size is not None and segments % size:
+            raise ConfigError(f"A batch of {groups} group(s) per actor (run.resources.group_levels) holds {segments} "
+                              f"segments, not a multiple of the starting minibatch ({size} segments, kept by "
+                              f"run.resources.grow_keeps='minibatch_size'); change the levels.")
+
+
+def learner_config(config: TrainConfig, num_actors: int, max_lag: int) -> TrainConfig:
+    """The config the learner's update is built from. With batch sizes managed and
+    `run.resources.grow_keeps='minibatch_size'`, minibatches keep the size they have in an update
+    on the starting batches (`ppo.minibatch_segments`), so a resized batch changes the number of
+    SGD steps, not their size; otherwise `config` unchanged."""
+    resources = config.run.resources
+    if (resources.manager != "on" or not resources.group_levels or resources.grow_keeps != "minibatch_size"
+            or config.ppo.minibatch_segments is not None):
+        return config
+    per_group = config.unrolls_per_iteration * config.env.envs_per_group
+    start = config.env.num_groups // num_actors
+    segments = (start if max_lag > 0 else config.env.num_groups) * per_group  # one update's starting batch
+    size = max(segments // config.ppo.num_minibatches, 1)
+    return dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, minibatch_segments=size))
 
 
 def _with_params_health(update):
@@ -190,7 +212,8 @@ class AsyncTrainer:
 
         self.config, self.num_actors, self.max_lag = config, num_actors, max_lag
         self.run_ahead = min(config.run.actor_run_ahead if run_ahead is None else run_ahead, max_lag)
-        self.executor = SequentialExecutor(config, env=env)  # the learner, network and key layout
+        # The learner, network and key layout; minibatches per `learner_config`.
+        self.executor = SequentialExecutor(learner_config(config, num_actors, max_lag), env=env)
         self._custom_env = env
         self._update = jax.jit(_with_params_health(self.executor.learner.update))
         # One program for every batch: with a lag bound above 0 every batch gets the proximal policy's

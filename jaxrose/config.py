@@ -100,6 +100,11 @@ class PPOConfig:
     batch_size: int = 64
     """Segments per minibatch."""
     num_minibatches: int = 8
+    minibatch_segments: Optional[int] = None
+    """None: every update's batch splits into `num_minibatches` minibatches (brax). A number: into
+    minibatches of that many segments whatever the batch's size, so a larger batch takes more SGD
+    steps and SGD steps per env step stay fixed (the asynchronous mode sets it when its resource
+    manager grows batches; see `run.resources.grow_keeps`)."""
     num_updates_per_batch: int = 4
     """Epochs over the collected batch per iteration."""
     normalize_observations: bool = True
@@ -124,6 +129,8 @@ class PPOConfig:
         _require(self.max_off_policy_weight > 0,
                  f"ppo.max_off_policy_weight must be > 0, got {self.max_off_policy_weight}.")
         _require(self.clipping_epsilon > 0, f"ppo.clipping_epsilon must be > 0, got {self.clipping_epsilon}.")
+        _require(self.minibatch_segments is None or self.minibatch_segments > 0,
+                 f"ppo.minibatch_segments must be > 0 or unset, got {self.minibatch_segments}.")
         _require(self.max_grad_norm is None or self.max_grad_norm > 0,
                  f"ppo.max_grad_norm must be > 0 or unset, got {self.max_grad_norm}.")
 
@@ -163,6 +170,11 @@ class ResourceConfig:
     grow_gain: float = 1.2
     """A grown batch stays only if the actor's rollout throughput (groups per second) rose by this
     factor; otherwise it shrinks back and stays there (the device had no room for more envs)."""
+    grow_keeps: Literal["minibatch_size", "minibatch_count"] = "minibatch_size"
+    """What an update on a resized batch keeps. 'minibatch_size': the starting minibatch's size,
+    so a batch grown 4x takes 4x the SGD steps and SGD steps per env step stay as configured (a
+    grown batch with the count kept learned 4x less per env step on the H200: BENCHMARKS.md).
+    'minibatch_count': ppo.num_minibatches, larger minibatches."""
 
     def __post_init__(self):
         _require(self.interval > 0, f"run.resources.interval must be > 0 seconds, got {self.interval}.")

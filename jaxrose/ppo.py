@@ -126,13 +126,16 @@ def _clipped_surrogate(new_log_prob, batch: Batch, advantages, config: PPOConfig
     policy when the update starts), and the gap between it and the stale behaviour policy is
     corrected by an importance weight truncated at `ppo.max_off_policy_weight`, as V-trace does.
     Without a proximal policy (lag 0) both policies coincide, the weight is 1 and this is PPO's loss
-    exactly."""
+    exactly. The log-ratio is clipped to +-20 before `exp`: with a scale near its floor (1e-3) one
+    update can move a sample's log-prob by hundreds, the ratio overflows float32 and its gradient
+    turns NaN (seen with many SGD steps per update, a batch grown with its minibatch size kept);
+    such a sample lies far outside the trust region either way, and healthy updates never reach it."""
     anchor = _anchor(batch)
     weight = jnp.ones_like(anchor)
     if batch.proximal_log_prob is not None:
         weight = jnp.minimum(jnp.exp(batch.proximal_log_prob - batch.log_prob), config.max_off_policy_weight)
         weight = jax.lax.stop_gradient(weight)
-    ratio = jnp.exp(new_log_prob - anchor)
+    ratio = jnp.exp(jnp.clip(new_log_prob - anchor, -20.0, 20.0))
     clipped = jnp.clip(ratio, 1.0 - config.clipping_epsilon, 1.0 + config.clipping_epsilon)
     return -jnp.mean(weight * jnp.minimum(ratio * advantages, clipped * advantages)), weight
 

@@ -106,6 +106,19 @@ def to_batch(unrolls: dict) -> tuple[Batch, dict]:
     return batch, stats
 
 
+def minibatch_count(ppo: PPOConfig, segments: int) -> int:
+    """Minibatches an update's batch of `segments` segments splits into (`ppo.minibatch_segments`)."""
+    if ppo.minibatch_segments is None:
+        count = ppo.num_minibatches
+    else:
+        count = segments // ppo.minibatch_segments
+    if count < 1 or segments % count or (ppo.minibatch_segments and segments % ppo.minibatch_segments):
+        size = ppo.minibatch_segments or f"{segments} / {ppo.num_minibatches}"
+        raise ValueError(f"A batch of {segments} segments does not split into minibatches of {size} segments; "
+                         f"change ppo.num_minibatches or ppo.minibatch_segments.")
+    return count
+
+
 def learner_nodes(net: ActorCritic, ppo: PPOConfig, optimizer: optax.GradientTransformation) -> tuple:
     """The PPO update on `batch`: writes `params`, `opt_state`, `normalizer`, `learner_key`, `loss_metrics`."""
     grad_fn = jax.grad(ppo_loss, has_aux=True)
@@ -121,8 +134,10 @@ def learner_nodes(net: ActorCritic, ppo: PPOConfig, optimizer: optax.GradientTra
 
     def shuffle(epoch_key, batch):
         epoch_key, perm_key, grad_key = jax.random.split(epoch_key, 3)
-        perm = jax.random.permutation(perm_key, batch.obs.shape[0])
-        minibatches = jax.tree.map(lambda x: x[perm].reshape((ppo.num_minibatches, -1) + x.shape[1:]), batch)
+        segments = batch.obs.shape[0]
+        perm = jax.random.permutation(perm_key, segments)
+        count = minibatch_count(ppo, segments)
+        minibatches = jax.tree.map(lambda x: x[perm].reshape((count, -1) + x.shape[1:]), batch)
         return {"epoch_key": epoch_key, "grad_key": grad_key, "minibatches": minibatches}
 
     def sgd_step(params, opt_state, grad_key, minibatch, normalizer):

@@ -207,3 +207,28 @@ def test_decoupled_loss_weights_stale_samples_by_hand():
                                                                    max_off_policy_weight=1.5))[0])(params)
     for a, b in zip(jax.tree.leaves(policy_grad(lagged).policy), jax.tree.leaves(policy_grad(on_policy).policy)):
         np.testing.assert_allclose(a, 1.5 * b, rtol=1e-4, atol=1e-7)
+
+
+def test_surrogate_stays_finite_when_one_update_moves_a_log_prob_far():
+    """A sample whose log-prob moved by 100 within one update (a scale near its floor) overflows
+    exp in float32; the clipped log-ratio keeps the loss and its gradient finite, and for ordinary
+    ratios the surrogate is PPO's, computed by hand."""
+    from jaxrose.config import PPOConfig
+    from jaxrose.ppo import Batch, _clipped_surrogate
+
+    ppo = PPOConfig(clipping_epsilon=0.2)
+    anchor = jnp.zeros((4,))
+    batch = Batch(obs=None, raw_action=None, log_prob=anchor, reward=None, discount=None, truncation=None,
+                  last_obs=None)
+    advantages = jnp.array([-1.0, 1.0, -1.0, 1.0])
+
+    def loss(new_log_prob):
+        return _clipped_surrogate(new_log_prob, batch, advantages, ppo)[0]
+
+    far = jnp.array([100.0, 100.0, -100.0, 0.1])
+    value, grad = jax.value_and_grad(loss)(far)
+    assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+    near = jnp.array([0.1, 0.1, -0.1, 0.1])
+    r = np.exp(np.array([0.1, 0.1, -0.1, 0.1]))
+    by_hand = -np.mean(np.minimum(r * advantages, np.clip(r, 0.8, 1.2) * advantages))
+    np.testing.assert_allclose(float(loss(near)), by_hand, rtol=1e-6)

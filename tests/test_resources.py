@@ -219,12 +219,64 @@ def test_batch_settings_are_validated(tiny_config):
     with pytest.raises(ConfigError, match=r"group_levels \(2, 4\) must include the actors' starting batch, "
                                           r"env.num_groups / actors = 1"):
         AsyncTrainer(config, num_actors=2, max_lag=1)
-    # 32 groups of one env, 2 unrolls each: a 1-group batch is 2 segments, not 4 minibatches' worth.
-    levels = ResourceConfig(manager="on", group_levels=(1, 16))
+    # 32 groups of one env, 2 unrolls each: a 1-group batch is 2 segments, not 4 minibatches' worth
+    # (minibatch count kept), nor one starting minibatch (16 groups / 4 = 8 segments, the size kept).
+    levels = ResourceConfig(manager="on", group_levels=(1, 16), grow_keeps="minibatch_count")
     config = replace(config, **{"env.num_groups": 32, "run.resources": levels})
     with pytest.raises(ConfigError, match=r"A batch of 1 group\(s\) per actor \(run.resources.group_levels\) holds 2 "
                                           r"segments, not a multiple of ppo.num_minibatches \(4\)"):
         AsyncTrainer(config, num_actors=2, max_lag=1)
+    config = replace(config, **{"run.resources.grow_keeps": "minibatch_size"})
+    with pytest.raises(ConfigError, match=r"A batch of 1 group\(s\) per actor \(run.resources.group_levels\) holds 2 "
+                                          r"segments, not a multiple of the starting minibatch \(8 segments"):
+        AsyncTrainer(config, num_actors=2, max_lag=1)
+
+
+def _random_batch(config, segments: int, seed: int = 0):
+    import jax
+    import jax.numpy as jnp
+    import envs
+    from jaxrose.ppo import Batch
+
+    env = envs.make(config.env.name)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    t, obs_size, act_size = config.ppo.unroll_length, env.observation_size, env.action_size
+    return Batch(obs=jax.random.normal(keys[0], (segments, t, obs_size)),
+                 raw_action=jax.random.normal(keys[1], (segments, t, act_size)),
+                 log_prob=-jnp.ones((segments, t)), reward=jax.random.normal(keys[2], (segments, t)),
+                 discount=jnp.ones((segments, t)), truncation=jnp.zeros((segments, t)),
+                 last_obs=jax.random.normal(keys[3], (segments, obs_size)))
+
+
+def test_a_grown_batch_keeps_the_minibatch_size_and_takes_more_sgd_steps(tiny_config):
+    """With run.resources.grow_keeps='minibatch_size' the learner splits a batch twice the starting
+    size into twice the minibatches of the starting size: the same update as a learner configured
+    with twice ppo.num_minibatches; with 'minibatch_count' it is the update with the count kept."""
+    import jax
+    import numpy as np
+    from jaxrose.async_mode import learner_config
+    from jaxrose.sequential import SequentialExecutor
+
+    resources = ResourceConfig(manager="on", group_levels=(1, 2))
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
+    kept = learner_config(config, num_actors=2, max_lag=1)
+    # One actor starts with 1 group of 16 envs x 2 unrolls = 32 segments; 4 minibatches of 8.
+    assert kept.ppo.minibatch_segments == 8 and config.ppo.minibatch_segments is None
+    counted = replace(config, **{"run.resources.grow_keeps": "minibatch_count"})
+    assert learner_config(counted, 2, 1) == counted
+
+    def update(cfg, segments):
+        executor = SequentialExecutor(cfg)
+        learner = executor.init(jax.random.PRNGKey(1)).learner
+        return jax.device_get(executor.learner.update(learner, _random_batch(cfg, segments))[0].params)
+
+    def same(a, b):
+        return all(np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+    grown = update(kept, 64)
+    assert same(grown, update(replace(config, **{"ppo.num_minibatches": 8}), 64))
+    assert not same(grown, update(config, 64))  # the count kept: 4 minibatches of 16, half the SGD steps
+    assert same(update(kept, 32), update(config, 32))  # at the starting size nothing changes
 
 
 def test_manager_grows_an_actors_batch_in_a_real_run_and_its_trajectories_follow(tiny_config, tmp_path):
