@@ -9,8 +9,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrose.config import TrainConfig
+from jaxrose.precompile import Precompiler, abstract, resized_axis
 from jaxrose.workers import Inbox
 
 
@@ -52,9 +54,37 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
         out = run_program(program, {"params": params, "normalizer": normalizer, "env_state": env_state, "key": key})
         return out["env_state"], out["key"], out["unrolls"]
 
-    def fresh_groups(count: int, update: int):
-        # New groups' envs: a key that depends only on the actor and the update of the change.
-        return jax.jit(layout(count).reset)(jax.random.fold_in(jax.random.fold_in(env_key, index), update))
+    resizers: dict[tuple[int, int], object] = {}
+
+    def resizer(have: int, size: int):
+        """The jitted change of an env state from `have` to `size` groups; new groups' envs are reset
+        from a key that depends only on the actor and the update of the change (an int32 argument)."""
+        if (have, size) not in resizers:
+            def resize(env_state, update):
+                key = jax.random.fold_in(jax.random.fold_in(env_key, index), update)
+                return resized(env_state, size, lambda count: layout(count).reset(key))
+            resizers[(have, size)] = jax.jit(resize)
+        return resizers[(have, size)]
+
+    levels = config.run.resources.group_levels if config.run.resources.manager == "on" else ()
+    precompiler = Precompiler(f"actor{index}") if len(levels) > 1 else None
+    precompiling = False
+
+    def precompile_levels(params, normalizer, env_state, key):
+        """Every other batch size's rollout, and the resizes between neighbouring levels, compiled
+        in the background while this size runs (`jaxrose.precompile`)."""
+        current = groups_of(env_state)
+        update = jax.ShapeDtypeStruct((), np.int32)
+        for size in sorted(levels, key=lambda g: abs(g - current)):
+            for have in (g for g in levels if g != size and abs(levels.index(g) - levels.index(size)) == 1):
+                state = resized_axis(env_state, 0, lambda _, have=have: have)
+                precompiler.submit(f"resize {have}->{size}",
+                                   lambda have=have, size=size, state=state: resizer(have, size).lower(state, update).compile())
+            if size != current:
+                args = (jax.tree.map(abstract, (params, normalizer)), resized_axis(env_state, 0, lambda _: size),
+                        abstract(key))
+                precompiler.submit(f"rollout of {size} groups",
+                                   lambda args=args: collect.lower(args[0][0], args[0][1], *args[1:]).compile())
 
     @jax.jit
     def repair(env_state, key):
@@ -89,7 +119,7 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
                 elif kind == "resize":
                     _, size, update = message
                     env_state, key = starts[seq]
-                    starts[seq] = (resized(env_state, size, lambda count: fresh_groups(count, update)), key)
+                    starts[seq] = (resizer(groups_of(env_state), size)(env_state, np.int32(update)), key)
                 elif kind == "buffers":
                     _, size, descriptions = message
                     buffers[size] = [attach(d) for d in descriptions]
@@ -97,6 +127,12 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
             version, params, normalizer = newest
             began = time.perf_counter()
             env_state, key, unrolls = collect(params, normalizer, *starts[seq])
+            if precompiler is not None and not precompiling:  # the running size compiled: the others next
+                precompile_levels(params, normalizer, *starts[seq])
+                precompiling = "running"
+            elif precompiling == "running" and precompiler.wait(0):
+                conn.send(("precompiled", index, list(precompiler.compiled)))
+                precompiling = "reported"
             size = trajectory_groups(unrolls)
             if size in buffers:
                 slot = seq % len(buffers[size])
@@ -113,6 +149,8 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
             seq, credits = seq + 1, credits - 1
             starts[seq] = (env_state, key)
     finally:
+        if precompiler is not None:
+            precompiler.close()
         for slots in buffers.values():
             for slot in slots:
                 slot.close()

@@ -50,6 +50,7 @@ import numpy as np
 from jaxrose import distribution
 from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.async_actor import groups_of, run_actor, trajectory_groups
+from jaxrose.precompile import Precompiler
 from jaxrose.workers import Worker
 
 
@@ -84,6 +85,9 @@ class AsyncResult:
     parameters sent (copy-in, batch, update, NaN checks, parameter fetch)."""
     learner_wait_seconds: list[float] = dataclasses.field(default_factory=list)
     """Per learner step: how long the learner waited for the trajectories it took."""
+    precompiled: dict[str, list] = dataclasses.field(default_factory=dict)
+    """Per process ("learner", "actor0", ...): (label, seconds) of each other batch size's program
+    compiled ahead in the background (`jaxrose.precompile`); empty where batch sizes are not managed."""
 
     @property
     def rollout_sps(self) -> float:
@@ -221,6 +225,11 @@ class AsyncTrainer:
         # compile again mid-run, the first time a batch arrives at lag 0.
         self._prepare = jax.jit(functools.partial(self._batch, stale=max_lag > 0))
         self._learner_delay = learner_delay
+        resources = config.run.resources
+        managed = resources.group_levels if resources.manager == "on" else ()
+        self._precompiler = Precompiler("learner") if len(managed) > 1 else None
+        self._precompiling = False
+        self.precompiled: dict[str, list] = {}  # process -> (label, seconds) of each program compiled ahead
         self._delays = actor_delays or {}
         self.groups = [config.env.num_groups // num_actors] * num_actors  # each actor's batch size
         self.transport = transport_kind()
@@ -348,6 +357,8 @@ class AsyncTrainer:
 
         batch, stats = self._prepare(unrolls, learner)
         updated, metrics = self._update(learner, batch)
+        if self._precompiler is not None and not self._precompiling:
+            self._precompile_levels(unrolls, learner, batch)
         stages = bad_stages({k: float(v) for k, v in jax.device_get(metrics).items()})
         if self._learner_delay:
             time.sleep(self._learner_delay)  # fault injection for tests: a deliberately slow learner
@@ -359,6 +370,28 @@ class AsyncTrainer:
         skipped.append({"update": version + 1, "stages": stages, "actors": used})
         nonfinite.warn(finding, f"it was skipped (the parameters stay those of update {version})", kind="updates")
         return None, stats
+
+    def _precompiled_so_far(self) -> dict[str, list]:
+        learner = {"learner": list(self._precompiler.compiled)} if self._precompiler is not None else {}
+        return {**learner, **self.precompiled}
+
+    def _precompile_levels(self, unrolls: dict, learner, batch) -> None:
+        """The learner's stages for a trajectory of every other batch size compiled in the background
+        (`jaxrose.precompile`), from the first update's arrays: a resize then costs no stall. Batches
+        that join several actors' trajectories (a lag bound of 0, or an urgent take) compile on first use."""
+        from jaxrose.precompile import abstract, resized_axis
+
+        self._precompiling = True
+        groups = trajectory_groups(unrolls)
+        learner_abs = jax.tree.map(abstract, learner)
+        for size in (g for g in self.config.run.resources.group_levels if g != groups):
+            scale = lambda n, size=size: n // groups * size  # noqa: E731
+            unrolls_abs = {k: resized_axis(v, 1 if k == "last_obs" else 2, scale) for k, v in unrolls.items()}
+            batch_abs = resized_axis(batch, 0, scale)
+            self._precompiler.submit(f"batch preparation for {size} groups",
+                                     lambda u=unrolls_abs: self._prepare.lower(u, learner_abs).compile())
+            self._precompiler.submit(f"update on {size} groups",
+                                     lambda b=batch_abs: self._update.lower(learner_abs, b).compile())
 
     def _apply_resources(self, manager, take: list[int], version: int) -> None:
         """Quota restarts and batch sizes the manager decided, for the actors whose trajectories were just consumed."""
@@ -492,7 +525,8 @@ class AsyncTrainer:
                            consumed - (start.env_steps if start else 0), returns,
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
                            sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport,
-                           {i: list(t) for i, t in self.actor_rollout_seconds.items()}, busy, waits)
+                           {i: list(t) for i, t in self.actor_rollout_seconds.items()}, busy, waits,
+                           self._precompiled_so_far())
 
     def _finish_snapshots(self, pending: dict, on_snapshot, timeout: float) -> None:
         """Delivers the snapshots still waiting for actors' states (each holds states from before
@@ -531,6 +565,10 @@ class AsyncTrainer:
                 if message[0] == "state":
                     _, index, tag, state = message
                     self._states[tag][index] = state
+                    continue
+                if message[0] == "precompiled":  # (label, seconds) of each batch size compiled ahead
+                    _, index, compiled = message
+                    self.precompiled[f"actor{index}"] = compiled
                     continue
                 self._receive_trajectory(*message[1:])
 
@@ -577,6 +615,8 @@ class AsyncTrainer:
         return time.perf_counter() - start
 
     def close(self) -> None:
+        if self._precompiler is not None:
+            self._precompiler.close()
         for actor in self.actors:
             actor.stop()
         for slots in self._buffers.values():

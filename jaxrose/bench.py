@@ -453,6 +453,7 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "median_steady_learner_wait_seconds": _median_or_none(run.learner_wait_seconds[first_steady:]),
         "learner_sm_count": getattr(jax.devices()[0], "core_count", None),  # its MPS quota, as the learner sees it
         "resource_manager": config.run.resources.manager, "resource_decisions": run.resource_decisions,
+        "precompiled": run.precompiled,
     }
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)
