@@ -535,7 +535,27 @@ def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
         rate = summary.get("steady_sps_with_evals")
         summary["seconds_to_threshold"] = (reached[0] / rate if reached and is_finite_number(rate) and rate > 0
                                            else None)
+        summary["wall_seconds_to_threshold"] = (_wall_seconds_to(summary, reached[0]) if reached else None)
     return {"return": threshold, "stated": stated}
+
+
+def _wall_seconds_to(summary: dict, steps: int) -> Optional[float]:
+    """Measured wall clock from the start of training to the end of the first evaluation at `steps`,
+    less the start-up compilation: the first iteration's (epoch's, update's) time beyond the median
+    one's. Everything else counts, compilations mid-run included (e.g. at a batch resize). Training
+    starts at the first iteration (update); brax's, after its evaluation before training."""
+    done = dict(zip(summary.get("eval_env_steps", ()), summary.get("eval_done_seconds", ())))
+    if steps not in done:
+        return None
+    starts = summary.get("iteration_start_seconds") or summary.get("update_start_seconds")
+    times = summary.get("iteration_seconds") or summary.get("update_seconds")
+    if starts and times and len(times) > 1:
+        start, compile_seconds = starts[0], times[0] - statistics.median(times[1:])
+    elif "epoch_seconds" in summary and summary.get("eval_done_seconds"):  # brax
+        start, compile_seconds = summary["eval_done_seconds"][0], summary["compile_seconds"]
+    else:
+        return None
+    return done[steps] - start - max(compile_seconds, 0.0)
 
 
 # -- ratios ---------------------------------------------------------------------------------------
@@ -572,6 +592,8 @@ RATIOS = (
      "systems.sequential.steady_sps"),
     ("time to return threshold: brax / jaxrose async (speedup)", "systems.brax.seconds_to_threshold",
      "systems.async.seconds_to_threshold"),
+    ("time to return threshold, measured wall clock: brax / jaxrose async (speedup)",
+     "systems.brax.wall_seconds_to_threshold", "systems.async.wall_seconds_to_threshold"),
     ("time to return threshold: brax / jaxrose sequential (speedup)", "systems.brax.seconds_to_threshold",
      "systems.sequential.seconds_to_threshold"),
     ("time to return threshold: jaxrose sequential / jaxrose async (speedup)",

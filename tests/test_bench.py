@@ -239,6 +239,26 @@ def test_a_stated_threshold_not_reached_has_no_time():
     assert systems["async"]["steps_to_threshold"] is None and systems["async"]["seconds_to_threshold"] is None
 
 
+def test_measured_wall_time_to_threshold_starts_with_training_and_leaves_out_the_start_up_compile():
+    from jaxrose.bench import time_to_threshold
+
+    # brax evaluates before training (done at 10 s); its first epoch compiled for 4 s.
+    brax = {"status": "ok", "eval_returns": [0.0, 1.0, 3.0], "eval_env_steps": [0, 100, 200],
+            "eval_done_seconds": [10.0, 20.0, 29.0], "epoch_seconds": [6.0, 2.0, 2.0], "compile_seconds": 4.0,
+            "steady_sps_with_evals": 50.0}
+    # jaxrose: training starts with update 0 at 5 s, which took 3 s beyond the median 1 s; a 7 s stall
+    # mid-run (a recompile) counts.
+    jaxrose = {"status": "ok", "eval_returns": [0.0, 2.0, 3.5], "eval_env_steps": [0, 100, 200],
+               "eval_done_seconds": [6.0, 12.0, 25.0], "update_start_seconds": [5.0, 9.0, 10.0, 18.0],
+               "update_seconds": [4.0, 1.0, 8.0, 1.0], "steady_sps_with_evals": 100.0}
+    systems = {"brax": brax, "async": jaxrose}
+    time_to_threshold(systems, 3.0)
+    assert brax["wall_seconds_to_threshold"] == pytest.approx(29.0 - 10.0 - 4.0)
+    assert jaxrose["wall_seconds_to_threshold"] == pytest.approx(25.0 - 5.0 - (4.0 - 1.0))
+    time_to_threshold(systems, 9.0)  # not reached: no time
+    assert brax["wall_seconds_to_threshold"] is None and jaxrose["wall_seconds_to_threshold"] is None
+
+
 def test_train_settings_after_the_separator_apply_to_every_system():
     from jaxrose.bench import _bench_args, train_config
 
