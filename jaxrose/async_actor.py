@@ -68,23 +68,23 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
 
     levels = config.run.resources.group_levels if config.run.resources.manager == "on" else ()
     precompiler = Precompiler(f"actor{index}") if len(levels) > 1 else None
-    precompiling = False
+    precompiling, reported = False, 0  # compiles submitted; how many finished the learner knows of
 
     def precompile_levels(params, normalizer, env_state, key):
         """Every other batch size's rollout, and the resizes between neighbouring levels, compiled
         in the background while this size runs (`jaxrose.precompile`)."""
         current = groups_of(env_state)
         update = jax.ShapeDtypeStruct((), np.int32)
-        for size in sorted(levels, key=lambda g: abs(g - current)):
+        weights = jax.tree.map(abstract, (params, normalizer))
+        # Growth first (the manager's first move when the learner starves), nearest level first.
+        for size in sorted(levels, key=lambda g: (g < current, abs(g - current))):
+            if size != current:
+                args = (*weights, resized_axis(env_state, 0, lambda _, size=size: size), abstract(key))
+                precompiler.submit(f"rollout of {size} groups", lambda args=args: collect.lower(*args).compile())
             for have in (g for g in levels if g != size and abs(levels.index(g) - levels.index(size)) == 1):
                 state = resized_axis(env_state, 0, lambda _, have=have: have)
-                precompiler.submit(f"resize {have}->{size}",
-                                   lambda have=have, size=size, state=state: resizer(have, size).lower(state, update).compile())
-            if size != current:
-                args = (jax.tree.map(abstract, (params, normalizer)), resized_axis(env_state, 0, lambda _: size),
-                        abstract(key))
-                precompiler.submit(f"rollout of {size} groups",
-                                   lambda args=args: collect.lower(args[0][0], args[0][1], *args[1:]).compile())
+                precompiler.submit(f"resize {have}->{size}", lambda have=have, size=size, state=state:
+                                   resizer(have, size).lower(state, update).compile())
 
     @jax.jit
     def repair(env_state, key):
@@ -129,10 +129,11 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
             env_state, key, unrolls = collect(params, normalizer, *starts[seq])
             if precompiler is not None and not precompiling:  # the running size compiled: the others next
                 precompile_levels(params, normalizer, *starts[seq])
-                precompiling = "running"
-            elif precompiling == "running" and precompiler.wait(0):
-                conn.send(("precompiled", index, list(precompiler.compiled)))
-                precompiling = "reported"
+                precompiling = True
+            if precompiler is not None and len(precompiler.compiled) > reported:  # the learner resizes only to these
+                compiled = list(precompiler.compiled)
+                conn.send(("precompiled", index, compiled))
+                reported = len(compiled)
             size = trajectory_groups(unrolls)
             if size in buffers:
                 slot = seq % len(buffers[size])

@@ -375,6 +375,21 @@ class AsyncTrainer:
         learner = {"learner": list(self._precompiler.compiled)} if self._precompiler is not None else {}
         return {**learner, **self.precompiled}
 
+    def compiled_levels(self) -> tuple[tuple[int, ...], ...]:
+        """Per actor, the batch sizes it may be resized to without a compile stall: its own size, and
+        every managed level whose rollout and resize from its size the actor, and whose update the
+        learner, compiled ahead. Empty where batch sizes are not compiled ahead."""
+        if self._precompiler is None:
+            return ()
+        learner = {label for label, _ in self._precompiler.compiled}
+        ready = []
+        for i, groups in enumerate(self.groups):
+            actor = {label for label, _ in self.precompiled.get(f"actor{i}", ())}
+            ready.append(tuple(g for g in self.config.run.resources.group_levels if g == groups or {
+                f"rollout of {g} groups", f"resize {groups}->{g}"} <= actor and {
+                f"batch preparation for {g} groups", f"update on {g} groups"} <= learner))
+        return tuple(ready)
+
     def _precompile_levels(self, unrolls: dict, learner, batch) -> None:
         """The learner's stages for a trajectory of every other batch size compiled in the background
         (`jaxrose.precompile`), from the first update's arrays: a resize then costs no stall. Batches

@@ -64,6 +64,10 @@ class Measurements:
     updates_per_second: float
     lag_mean: float
     lag_max: int
+    compiled_levels: tuple[tuple[int, ...], ...] = ()
+    """Per actor, the batch sizes it may move to now: those whose programs (its rollout and resize,
+    the learner's update) are compiled (`jaxrose.precompile`), so a change stalls nothing. Empty:
+    every level."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,11 +154,13 @@ def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, c
     if not (levels and groups):
         return None
     per_group = [s / g for s, g in zip(seconds, groups)]
+    ready = lambda i, size: not m.compiled_levels or size in m.compiled_levels[i]  # noqa: E731
     if starving and not straggler:
         caps = dict(state.ceilings)
         above = [_level_above(levels, g) for g in groups]
         growable = [i for i in range(len(groups))  # measured: the verdict needs its throughput before
-                    if math.isfinite(seconds[i]) and above[i] is not None and above[i] <= caps.get(i, levels[-1])]
+                    if math.isfinite(seconds[i]) and above[i] is not None and above[i] <= caps.get(i, levels[-1])
+                    and ready(i, above[i])]
         if not growable:
             return None
         actor = min(growable, key=lambda i: (groups[i], per_group[i]))
@@ -165,7 +171,8 @@ def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, c
                              f"from {groups[actor]} to {size} groups, kept if its throughput rises")
     if starving:
         return None
-    shrinkable = [i for i, g in enumerate(groups) if _level_below(levels, g) is not None]
+    shrinkable = [i for i, g in enumerate(groups) if _level_below(levels, g) is not None
+                  and ready(i, _level_below(levels, g))]
     if not shrinkable:
         return None
     actor = max(shrinkable, key=lambda i: (groups[i], per_group[i]))
@@ -314,9 +321,10 @@ class ResourceManager:
     def measurements(self, now: float) -> Measurements:
         span = max(now - self._window_start, 1e-9)
         seconds = tuple(sum(r) / len(r) if r else float("nan") for r in self._rollouts.values())
+        ready = self._trainer.compiled_levels() if self._trainer is not None else ()
         return Measurements(seconds, min(self._waited / span, 1.0),
                             sum(self._depths) / max(len(self._depths), 1), len(self._depths) / span,
-                            sum(self._lags) / max(len(self._lags), 1), max(self._lags, default=0))
+                            sum(self._lags) / max(len(self._lags), 1), max(self._lags, default=0), ready)
 
     def _decide(self, now: float) -> None:
         before = self.allocation

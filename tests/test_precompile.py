@@ -115,19 +115,22 @@ def test_an_actor_resized_to_the_next_level_compiles_nothing_on_its_thread(tiny_
         assert learner_end.recv()[0] == "ready"
         learner = SequentialExecutor(config).init(jax.random.PRNGKey(0)).learner
         learner_end.send(("params", 0, *jax.device_get((learner.params, learner.normalizer))))
-        reported, consumed = None, 0
-        while reported is None:  # roll out until the actor reports its programs compiled ahead
+        wanted = {"resize 2->1", "resize 1->2", "rollout of 2 groups"}
+        reported, consumed = set(), 0
+        while reported != wanted:  # roll out until the actor reports every program compiled ahead
             learner_end.send(("credit", 1, consumed))
             message = learner_end.recv()
             while message[0] != "trajectory":
-                reported = message[2] if message[0] == "precompiled" else reported
+                if message[0] == "precompiled":
+                    reported = {label for label, _ in message[2]}
                 message = learner_end.recv()
             assert message[4] == 1
             consumed += 1
-            if reported is None and learner_end.poll(0.2):
+            while learner_end.poll(0.2):
                 message = learner_end.recv()
-                reported = message[2] if message[0] == "precompiled" else reported
-        assert {label for label, _ in reported} == {"resize 2->1", "resize 1->2", "rollout of 2 groups"}
+                if message[0] == "precompiled":
+                    reported = {label for label, _ in message[2]}
+            assert reported <= wanted
         before = compiles.on("actor-under-test")
         learner_end.send(("resize", 2, 7))
         learner_end.send(("credit", 1, consumed))

@@ -159,6 +159,18 @@ def test_starving_without_a_straggler_grows_the_most_efficient_smallest_batch_an
     assert allocation.groups == (4, 4) and allocation.sm_quotas == (50, 50)
 
 
+def test_a_batch_grows_only_to_a_size_whose_programs_are_compiled():
+    """While actor1's 4-group programs still compile, the starving learner grows actor0 (its 4-group
+    programs are ready) although actor1 is the more efficient; with none ready, no batch changes."""
+    allocation = Allocation((50, 50), ((2,), (3,)), (0,), groups=(2, 2))
+    only_actor0 = dataclasses.replace(EVEN_STARVING, compiled_levels=((1, 2, 4), (1, 2)))
+    _, history = _run([only_actor0] * 2, allocation, BATCH)
+    assert _groups(history[1]) == [("actor0", 2, 4)]
+    none_ready = dataclasses.replace(EVEN_STARVING, compiled_levels=((2,), (2,)))
+    _, history = _run([none_ready] * 2, allocation, BATCH)
+    assert _groups(history[1]) == []
+
+
 def test_a_growth_that_does_not_pay_is_undone_and_becomes_the_actors_ceiling():
     allocation = Allocation((50, 50), ((2,), (3,)), (0,), groups=(2, 2))
     # actor1 at 4 groups: 4 / 0.36 = 11.1 groups/s, no better than 2 / 0.18 = 11.1: the device had no room.
