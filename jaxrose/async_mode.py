@@ -85,6 +85,9 @@ class AsyncResult:
     parameters sent (copy-in, batch, update, NaN checks, parameter fetch)."""
     learner_wait_seconds: list[float] = dataclasses.field(default_factory=list)
     """Per learner step: how long the learner waited for the trajectories it took."""
+    lag_dropped: list[dict] = dataclasses.field(default_factory=list)
+    """Pieces of split trajectories (grow_keeps='update_size') not learned because their data would
+    have been more than run.max_policy_lag updates old by their turn; their env steps count as consumed."""
     precompiled: dict[str, list] = dataclasses.field(default_factory=dict)
     """Per process ("learner", "actor0", ...): (label, seconds) of each other batch size's program
     compiled ahead in the background (`jaxrose.precompile`); empty where batch sizes are not managed."""
@@ -136,6 +139,19 @@ def _check_batch_sizes(config: TrainConfig, num_actors: int, max_lag: int) -> No
     if max_lag > 0 and (start * per_group) % minibatches:
         raise ConfigError(f"One actor's batch holds {start * per_group} segments, not a multiple of "
                           f"ppo.num_minibatches ({minibatches}); change the minibatch count or the actor count.")
+    if levels and resources.grow_keeps == "update_size":
+        run_ahead = min(config.run.actor_run_ahead, max_lag)
+        pieces = max(levels) // start
+        if any(g % start for g in levels):
+            raise ConfigError(f"run.resources.grow_keeps='update_size' learns a trajectory as updates of the starting "
+                              f"batch ({start} group(s)): every level of run.resources.group_levels {levels} must be "
+                              f"a multiple of it.")
+        needed = (run_ahead + 1) * num_actors * pieces - 1
+        if max_lag < needed:
+            raise ConfigError(f"run.resources.grow_keeps='update_size' learns a {max(levels)}-group trajectory as "
+                              f"{pieces} updates; with {num_actors} actor(s) the last one's data is up to "
+                              f"(run.actor_run_ahead + 1) x actors x {pieces} - 1 = {needed} updates old: set "
+                              f"run.max_policy_lag to at least that, or lower the top level.")
     size = learner_config(config, num_actors, max_lag).ppo.minibatch_segments
     for groups in levels:
         segments = groups * per_group
@@ -163,6 +179,15 @@ def learner_config(config: TrainConfig, num_actors: int, max_lag: int) -> TrainC
     segments = (start if max_lag > 0 else config.env.num_groups) * per_group  # one update's starting batch
     size = max(segments // config.ppo.num_minibatches, 1)
     return dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, minibatch_segments=size))
+
+
+def _pieces(unrolls: dict, groups: Optional[int]) -> list[dict]:
+    """`unrolls` as consecutive updates' trajectories of `groups` groups each (None: one piece)."""
+    total = trajectory_groups(unrolls)
+    if groups is None or total <= groups:
+        return [unrolls]
+    return [{k: (v[:, g:g + groups] if k == "last_obs" else v[:, :, g:g + groups]) for k, v in unrolls.items()}
+            for g in range(0, total, groups)]
 
 
 def _with_params_health(update):
@@ -228,6 +253,9 @@ class AsyncTrainer:
         resources = config.run.resources
         managed = resources.group_levels if resources.manager == "on" else ()
         self._precompiler = Precompiler("learner") if len(managed) > 1 else None
+        # With grow_keeps='update_size', the groups one update learns (an actor's starting batch).
+        self._update_groups = (config.env.num_groups // num_actors
+                               if managed and resources.grow_keeps == "update_size" else None)
         self._precompiling = False
         self.precompiled: dict[str, list] = {}  # process -> (label, seconds) of each program compiled ahead
         self._delays = actor_delays or {}
@@ -419,12 +447,20 @@ class AsyncTrainer:
                 manager.resized(i, self.groups[i], groups, version)
                 self.resize_actor(i, groups, version)
 
+    def _updates_in(self, index: int, rollout: _Rollout) -> int:
+        """Updates a rollout will be learned as: 1, or with grow_keeps='update_size' its groups over the
+        starting batch (the actor's current size until it arrives)."""
+        if self._update_groups is None:
+            return 1
+        groups = trajectory_groups(rollout.unrolls) if rollout.arrived else self.groups[index]
+        return max(groups // self._update_groups, 1)
+
     def _choose(self, version: int) -> tuple[list, bool]:
         """The rollouts the next update consumes, and whether they must all arrive first: every
         rollout whose lag would pass the bound if this update went without it (urgent), else the
         arrived trajectory with the oldest parameters."""
         urgent = [(i, r) for i in range(self.num_actors) for r in self._rollouts[i]
-                  if version + 1 - r.params_version > self.max_lag]
+                  if version + self._updates_in(i, r) - r.params_version > self.max_lag]
         if urgent:
             return urgent, True
         arrived = [(r.version, i, r.seq, r) for i in range(self.num_actors) for r in self._rollouts[i] if r.arrived]
@@ -470,6 +506,7 @@ class AsyncTrainer:
             self._grant(i, version, host_params)
         lags, depths, returns, shapes, skipped, batch_sizes = [], [], [], [], [], set()
         busy, waits = [], []  # the learner's time per update: working, and waiting for trajectories
+        lag_dropped: list[dict] = []
         self.actor_rollout_seconds = {i: [] for i in range(self.num_actors)}
         rollouts = {i: 0 for i in range(self.num_actors)}
         pending: dict = {}  # snapshots waiting for actors' states
@@ -491,26 +528,41 @@ class AsyncTrainer:
             for i, rollout in take:
                 self._rollouts[i].remove(rollout)
                 rollouts[i] += 1
-            consumed += sum(trajectory_groups(r.unrolls) for _, r in take) * steps_per_group_rollout
             used = self._finite_trajectories(take, version, nonfinite, skipped)
-            batch_lags = [version - r.version for _, r in used]
-            updated, stats = None, None
-            if used:
-                trajectory = _concatenate([r.unrolls for _, r in used])
-                batch_sizes.add(_segments(trajectory))
-                updated, stats = self._learn(learner, trajectory, max(batch_lags), version, nonfinite, skipped,
-                                             [i for i, _ in used])
-            if updated is not None:
+            # Dropped trajectories count at once; the others as their updates consume them.
+            consumed += sum(trajectory_groups(r.unrolls) for _, r in take) * steps_per_group_rollout
+            if self._update_groups is None:  # one update on everything taken
+                pieces = [(_concatenate([r.unrolls for _, r in used]), used)] if used else []
+            else:  # grow_keeps='update_size': each trajectory as updates of the starting batch, in order
+                pieces = [(p, [(i, r)]) for i, r in used for p in _pieces(r.unrolls, self._update_groups)]
+            consumed -= sum(trajectory_groups(p) for p, _ in pieces) * steps_per_group_rollout
+            shapes.extend((i, trajectory_groups(r.unrolls)) for i, r in used)
+            step_lags, reports = [], []
+            for piece, sources in pieces:  # one update, or (grow_keeps='update_size') several, one after another
+                consumed += trajectory_groups(piece) * steps_per_group_rollout
+                batch_lags = [version - r.version for _, r in sources]
+                if max(batch_lags) > self.max_lag:  # a later piece of a split trajectory: never past the bound
+                    lag_dropped.append({"update": version + 1, "lag": max(batch_lags),
+                                        "actors": [i for i, _ in sources], "groups": trajectory_groups(piece)})
+                    continue
+                batch_sizes.add(_segments(piece))
+                updated, stats = self._learn(learner, piece, max(batch_lags), version, nonfinite, skipped,
+                                             [i for i, _ in sources])
+                if updated is None:
+                    continue
                 learner, version, done = updated, version + 1, done + 1
                 lags.extend(batch_lags)
-                shapes.extend((i, trajectory_groups(r.unrolls)) for i, r in used)
+                step_lags.extend(batch_lags)
                 if float(stats["episodes"]) > 0:
                     returns.append(float(stats["episode_return"]))
-                if snapshot_due is not None and snapshot_due(version, consumed):
-                    pending[version] = self._snapshot_request(version, consumed, learner)
+                reports.append((done, consumed, learner, {"lags": batch_lags, "queue_depth": depths[-1],
+                                                          "episode_return": float(stats["episode_return"]),
+                                                          "episodes": float(stats["episodes"])}))
+            if reports and snapshot_due is not None and snapshot_due(version, consumed):
+                pending[version] = self._snapshot_request(version, consumed, learner)
             actors_taken = sorted({i for i, _ in take})
             if manager is not None:
-                manager.on_update(time.perf_counter(), batch_lags, depths[-1], waited)
+                manager.on_update(time.perf_counter(), step_lags, depths[-1], waited)
                 self._apply_resources(manager, actors_taken, version)
             host_params = jax.device_get((learner.params, learner.normalizer))
             for i in range(self.num_actors):
@@ -518,12 +570,10 @@ class AsyncTrainer:
             busy.append(time.perf_counter() - taken_at)
             waits.append(waited)
             self._deliver(pending, on_snapshot)
-            if on_update is not None and updated is not None:
-                on_update(done, consumed, learner, {"lags": batch_lags, "queue_depth": depths[-1],
-                                                 "episode_return": float(stats["episode_return"]),
-                                                 "episodes": float(stats["episodes"]),
-                                                 "groups_per_actor": list(self.groups),
-                                                 "skipped": len(skipped)})
+            if on_update is not None:
+                for report in reports:
+                    on_update(*report[:3], {**report[3], "groups_per_actor": list(self.groups),
+                                            "skipped": len(skipped)})
         wall = time.perf_counter() - start_time
         if on_snapshot is not None:
             if version not in pending:  # every actor's oldest unconsumed rollout starts from the state to save
@@ -541,7 +591,7 @@ class AsyncTrainer:
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
                            sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport,
                            {i: list(t) for i, t in self.actor_rollout_seconds.items()}, busy, waits,
-                           self._precompiled_so_far())
+                           precompiled=self._precompiled_so_far(), lag_dropped=lag_dropped)
 
     def _finish_snapshots(self, pending: dict, on_snapshot, timeout: float) -> None:
         """Delivers the snapshots still waiting for actors' states (each holds states from before

@@ -549,6 +549,9 @@ def _wall_seconds_to(summary: dict, steps: int) -> Optional[float]:
         return None
     starts = summary.get("iteration_start_seconds") or summary.get("update_start_seconds")
     times = summary.get("iteration_seconds") or summary.get("update_seconds")
+    if summary.get("learner_busy_seconds") and summary.get("learner_wait_seconds"):
+        # The async learner's steps (one may hold several updates: grow_keeps='update_size').
+        times = [b + w for b, w in zip(summary["learner_busy_seconds"], summary["learner_wait_seconds"])]
     if starts and times and len(times) > 1:
         start, compile_seconds = starts[0], times[0] - statistics.median(times[1:])
     elif "epoch_seconds" in summary and summary.get("eval_done_seconds"):  # brax

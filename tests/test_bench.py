@@ -255,6 +255,10 @@ def test_measured_wall_time_to_threshold_starts_with_training_and_leaves_out_the
     time_to_threshold(systems, 3.0)
     assert brax["wall_seconds_to_threshold"] == pytest.approx(29.0 - 10.0 - 4.0)
     assert jaxrose["wall_seconds_to_threshold"] == pytest.approx(25.0 - 5.0 - (4.0 - 1.0))
+    # The async learner's steps (busy + waiting), which may hold several updates each, time its start-up.
+    jaxrose.update({"learner_busy_seconds": [2.0, 0.5, 0.5, 0.5], "learner_wait_seconds": [3.0, 0.5, 0.5, 0.5]})
+    time_to_threshold(systems, 3.0)
+    assert jaxrose["wall_seconds_to_threshold"] == pytest.approx(25.0 - 5.0 - (5.0 - 1.0))
     time_to_threshold(systems, 9.0)  # not reached: no time
     assert brax["wall_seconds_to_threshold"] is None and jaxrose["wall_seconds_to_threshold"] is None
 

@@ -334,3 +334,48 @@ def test_manager_grows_an_actors_batch_in_a_real_run_and_its_trajectories_follow
     assert all(s % 32 == 0 and s <= 32 * (1 + trainer.run_ahead) * 2 * 2 for s in result.learner_batch_segments)
     assert [json.loads(line) for line in log.read_text().splitlines()] == decisions
     assert not multiprocessing.active_children()
+
+
+def test_update_size_splits_a_trajectory_into_consecutive_updates_of_the_starting_batch(tiny_config):
+    """grow_keeps='update_size': a 2-group piece list is the trajectory's groups in order; the lag
+    bound must cover the last piece's data; in a real run every update learns one group (the
+    starting batch), a grown actor's trajectory yields 2 updates, and the bound holds."""
+    import jax
+    import numpy as np
+    from jaxrose.async_mode import AsyncTrainer, _pieces
+    from jaxrose.resources import ResourceManager, quota_env
+
+    unrolls = {"reward": np.arange(2 * 3 * 4 * 2).reshape(2, 3, 4, 2), "last_obs": np.arange(2 * 4 * 2 * 5).reshape(2, 4, 2, 5)}
+    pieces = _pieces(unrolls, 2)
+    assert [p["reward"].shape[2] for p in pieces] == [2, 2] and _pieces(unrolls, None) == [unrolls]
+    for k, axis in (("reward", 2), ("last_obs", 1)):
+        np.testing.assert_array_equal(np.concatenate([p[k] for p in pieces], axis=axis), unrolls[k])
+
+    resources = ResourceConfig(manager="on", interval=1.0, sm_levels=(50,), patience=1, cooldown=1,
+                               group_levels=(1, 2), grow_keeps="update_size")
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
+    with pytest.raises(ConfigError, match=r"learns a 2-group trajectory as 2 updates; with 2 actor\(s\) the last one's "
+                                          r"data is up to \(run.actor_run_ahead \+ 1\) x actors x 2 - 1 = 7 updates old: "
+                                          r"set run.max_policy_lag"):
+        AsyncTrainer(config, num_actors=2, max_lag=6)
+    manager = ResourceManager(resources, 2, quota_env(use_mps=True, compile_cache=None), None)
+    trainer = AsyncTrainer(config, num_actors=2, max_lag=7, actor_delays={0: 0.3, 1: 0.3})
+    seen = []
+    try:
+        result = trainer.run(updates=60, manager=manager, on_update=lambda u, s, learner, info: seen.append((u, s)))
+    finally:
+        trainer.close()
+        manager.close()
+    grown = [g for _, g in result.trajectory_groups if g == 2]
+    assert grown, result.resource_decisions
+    assert result.learner_batch_segments == [32]  # every update on one group (16 envs x 2 unrolls)
+    assert max(result.lags) <= 7  # the bound holds; a piece that would pass it is dropped, and recorded
+    assert all(d["lag"] > 7 for d in result.lag_dropped)
+    # Each update is reported, in order, with the env steps consumed up to it: one group's per update.
+    steps_per_group = config.env_steps_per_iteration // config.env.num_groups
+    assert [u for u, _ in seen] == list(range(1, len(seen) + 1))
+    dropped = [d["update"] for d in result.lag_dropped]  # a dropped piece's steps count with the next update
+    assert all(s == steps_per_group * (u + sum(d <= u for d in dropped)) for u, s in seen), (seen, dropped)
+    assert result.updates == len(seen)
+    assert result.env_steps == steps_per_group * sum(g for _, g in result.trajectory_groups)  # dropped pieces too
+    assert not multiprocessing.active_children()
