@@ -16,7 +16,8 @@
 #           follow it at once with `collect async` (it needs two calls)
 #   grow    [STEPS] [LEVELS]: #8's time-to-threshold: brax and the async system with its resource manager free to
 #           grow each actor's batch among LEVELS env groups of 4096 (default 1,2,4), 30M steps, 6 evaluations;
-#           started with bg (~6-7 min): follow with `collect grow`
+#           started with bg (~6-7 min): follow with `collect grow`; GROW_ARGS adds train settings (e.g.
+#           "--run.resources.grow-keeps update_size --run.max-policy-lag 7")
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
 #           compile cache it reuses), with the learner and the evaluator capped if given (~4 min)
 #   async-actors [N]: the async system with N actors (default 2) splitting the 4096 envs (~2-3 min);
@@ -94,7 +95,7 @@ case "${1:?stage}" in
          -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${2:+--run.learner-sm-percentage $2} ;;
   grow) start_bg grow bench --preset ant-mlp --total-env-steps "${2:-30000000}" --num-evals 6 --systems async,brax \
          --repeats 3 --async-group-levels "${3:-1,2,4}" --out /tmp/bg/grow/results --record /tmp/bg/grow/BENCH.md \
-         -- --run.actors 1 --run.compile-cache /tmp/bg/cc ;;
+         -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${GROW_ARGS:-} ;;
   async-only) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
