@@ -60,13 +60,23 @@ class Precompiler:
         """Whether every submitted program was compiled (or failed) within `timeout` seconds."""
         return self._idle.wait(timeout)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 120.0) -> None:
+        """Drops the programs not yet started and waits for the one compiling: a process exiting with
+        the thread inside XLA's compiler aborts ("terminate called ... FATAL: exception not rethrown")."""
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
         self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
+                self._idle.set()
                 return
             label, compile_fn = job
             start = time.perf_counter()
