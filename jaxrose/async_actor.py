@@ -94,6 +94,7 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
     inbox = Inbox(conn)
     conn.send(("ready", {"platform": jax.devices()[0].platform, "groups": groups}))
     seq, credits, newest = 0, 0, None  # next rollout; rollouts granted; (version, params, normalizer)
+    last_sent = None  # when the previous trajectory went out: the gap to the next rollout is idle time
     starts = {0: (env_state, key)}  # start state of every rollout not yet consumed, and of the next
     buffers: dict[int, list] = {}  # batch size (groups) -> transport slots
     try:
@@ -127,6 +128,8 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
             version, params, normalizer = newest
             began = time.perf_counter()
             env_state, key, unrolls = collect(params, normalizer, *starts[seq])
+            jax.block_until_ready(unrolls)  # the hand-off below waits for them anyway: time the two apart
+            collected = time.perf_counter()
             if precompiler is not None and not precompiling:  # the running size compiled: the others next
                 precompile_levels(params, normalizer, *starts[seq])
                 precompiling = True
@@ -143,7 +146,11 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
                 payload = ("pipe", jax.device_get(unrolls))
             if delay_seconds:
                 time.sleep(delay_seconds)  # fault injection for tests: a deliberately slow group
-            conn.send(("trajectory", index, seq, version, size, payload, time.perf_counter() - began))
+            sent = time.perf_counter()
+            timing = {"collect": collected - began, "hand_off": sent - collected,
+                      "idle_before": began - last_sent if last_sent is not None else None}
+            conn.send(("trajectory", index, seq, version, size, payload, sent - began, timing))
+            last_sent = sent
             if skip_nonfinite and trajectory_stages(unrolls):  # after the send: the repair may compile
                 key, repair_key = jax.random.split(key)
                 env_state = repair(env_state, repair_key)

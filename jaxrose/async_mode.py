@@ -85,6 +85,10 @@ class AsyncResult:
     parameters sent (copy-in, batch, update, NaN checks, parameter fetch)."""
     learner_wait_seconds: list[float] = dataclasses.field(default_factory=list)
     """Per learner step: how long the learner waited for the trajectories it took."""
+    actor_timing: dict[int, list[dict]] = dataclasses.field(default_factory=dict)
+    """Each actor's clock split for every trajectory: `collect` (the rollout program until its arrays
+    are ready), `hand_off` (into the transport or the pipe), `idle_before` (since the previous one
+    went out: waiting for a credit or parameters)."""
     lag_dropped: list[dict] = dataclasses.field(default_factory=list)
     """Pieces of split trajectories (grow_keeps='update_size') not learned because their data would
     have been more than run.max_policy_lag updates old by their turn; their env steps count as consumed."""
@@ -263,6 +267,7 @@ class AsyncTrainer:
         self.transport = transport_kind()
         self.hand_offs = {"slot": 0, "pipe": 0}  # trajectories received through buffers / the pipe
         self.actor_rollout_seconds: dict[int, list[float]] = {}  # per actor, from its own clock
+        self.actor_timing: dict[int, list[dict]] = {}  # per actor and trajectory: collect, hand-off, idle before
         self._buffers: dict[tuple[int, int], list] = {}  # (actor, groups) -> transport slots
         self._rollouts: list[collections.deque] = [collections.deque() for _ in range(num_actors)]
         self._next_seq = [0] * num_actors  # the next rollout each actor will be granted
@@ -508,6 +513,7 @@ class AsyncTrainer:
         busy, waits = [], []  # the learner's time per update: working, and waiting for trajectories
         lag_dropped: list[dict] = []
         self.actor_rollout_seconds = {i: [] for i in range(self.num_actors)}
+        self.actor_timing = {i: [] for i in range(self.num_actors)}
         rollouts = {i: 0 for i in range(self.num_actors)}
         pending: dict = {}  # snapshots waiting for actors' states
         if on_snapshot is not None:
@@ -591,7 +597,8 @@ class AsyncTrainer:
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
                            sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport,
                            {i: list(t) for i, t in self.actor_rollout_seconds.items()}, busy, waits,
-                           precompiled=self._precompiled_so_far(), lag_dropped=lag_dropped)
+                           precompiled=self._precompiled_so_far(), lag_dropped=lag_dropped,
+                           actor_timing={i: list(t) for i, t in self.actor_timing.items()})
 
     def _finish_snapshots(self, pending: dict, on_snapshot, timeout: float) -> None:
         """Delivers the snapshots still waiting for actors' states (each holds states from before
@@ -638,7 +645,7 @@ class AsyncTrainer:
                 self._receive_trajectory(*message[1:])
 
     def _receive_trajectory(self, index: int, seq: int, version: int, groups: int, payload: tuple,
-                            seconds: float) -> None:
+                            seconds: float, timing: Optional[dict] = None) -> None:
         """Copies a trajectory out of its slot (freeing it for the actor) or takes it from the pipe;
         after a batch size's first trajectory, the actor gets buffers for that size."""
         from jaxrose.transport import make_buffers
@@ -646,6 +653,7 @@ class AsyncTrainer:
         how, data = payload
         self.hand_offs[how] += 1
         self.actor_rollout_seconds.setdefault(index, []).append(seconds)
+        self.actor_timing.setdefault(index, []).append(timing or {})
         # Committed to the learner's device whichever way they came, so every jitted learner program
         # sees one kind of input and compiles once.
         device = jax.devices()[0]

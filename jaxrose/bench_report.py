@@ -120,6 +120,10 @@ def _eval_lines(results: dict) -> list[str]:
         lines.append(f"- {SYSTEM_LABELS['async']}, per steady update (medians): rollout ({rollouts}; its own clock, "
                      f"hand-off included), learner busy {_fmt(summary['median_steady_learner_busy_seconds'], '.3f')} s, "
                      f"learner waiting {_fmt(summary['median_steady_learner_wait_seconds'], '.3f')} s")
+        for i, parts in (summary.get("median_actor_timing") or {}).items():
+            lines.append(f"- actor {i}'s clock (medians): collect {_fmt(parts.get('collect'), '.3f')} s, hand-off "
+                         f"{_fmt(parts.get('hand_off'), '.3f')} s, idle before a rollout "
+                         f"{_fmt(parts.get('idle_before'), '.3f')} s")
     return lines
 
 

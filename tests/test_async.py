@@ -69,6 +69,15 @@ def test_run_ahead_hides_a_slow_learner_behind_the_rollouts(tiny_config):
         assert min(result.actor_rollout_seconds[0]) >= 0.3
         assert len(result.learner_busy_seconds) == len(result.learner_wait_seconds) == 9
         assert min(result.learner_busy_seconds) >= 0.25
+        # The actor's clock split: the injected delay lies after the hand-off, in neither part; a
+        # rollout waiting for its own update is idle before it for about the learner's 0.25 s.
+        timing = result.actor_timing[0]
+        assert len(timing) == len(result.actor_rollout_seconds[0])
+        for parts, total in zip(timing, result.actor_rollout_seconds[0]):
+            assert parts["collect"] > 0 and parts["hand_off"] >= 0
+            assert parts["collect"] + parts["hand_off"] + 0.3 <= total + 1e-6
+        idle = float(np.median([t["idle_before"] for t in timing[3:]]))
+        assert (idle >= 0.2) if run_ahead == 0 else (idle < 0.2), (run_ahead, idle)
     # Waiting for its own update, the actor starts each rollout only when the parameters arrive, so the
     # learner waits about a rollout per update; one rollout ahead, it waits for much less.
     waits = {r: float(np.median(results[r].learner_wait_seconds[3:])) for r in results}
