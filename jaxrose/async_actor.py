@@ -144,10 +144,11 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
                 payload = ("slot", slot)
             else:
                 payload = ("pipe", jax.device_get(unrolls))
+            handed = time.perf_counter()
             if delay_seconds:
                 time.sleep(delay_seconds)  # fault injection for tests: a deliberately slow group
             sent = time.perf_counter()
-            timing = {"collect": collected - began, "hand_off": sent - collected,
+            timing = {"collect": collected - began, "hand_off": handed - collected,
                       "idle_before": began - last_sent if last_sent is not None else None}
             conn.send(("trajectory", index, seq, version, size, payload, sent - began, timing))
             last_sent = sent
