@@ -454,6 +454,7 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "learner_sm_count": getattr(jax.devices()[0], "core_count", None),  # its MPS quota, as the learner sees it
         "resource_manager": config.run.resources.manager, "resource_decisions": run.resource_decisions,
         "precompiled": run.precompiled,
+        "lag_dropped": run.lag_dropped,
         "actor_timing": run.actor_timing,
         "median_actor_timing": {i: {part: _median_or_none([t[part] for t in ts[2:] if t.get(part) is not None])
                                     for part in ("collect", "hand_off", "idle_before")}
