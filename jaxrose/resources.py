@@ -14,10 +14,12 @@ and to the run's result. Without MPS a quota cannot take effect: the actor is st
 same path) and the log says the quota was not applied.
 
 Batch sizes (`run.resources.group_levels`). An actor's batch is the number of env groups it steps;
-each trajectory it sends holds them all, and the learner consumes whole trajectories, so every
-sample's lag is its trajectory's and the lag bound holds across a change as before. The learner's
-batch is the trajectories an update takes: with lag >= 1 usually one actor's, so it compiles once
-per level (and per sum of levels when several actors must be taken together), never per change.
+each trajectory it sends holds them all. By default (`run.resources.grow_keeps='update_size'`) the
+learner learns a grown trajectory as consecutive updates of the starting batch, each with its own
+proximal policy, so PPO's progress per env step is kept; the later pieces are older data, and a
+piece that would pass the lag bound is dropped (the config asks for a bound that makes that rare).
+Every level's programs compile ahead (`jaxrose.precompile`), and an actor moves only to a level
+compiled in it and in the learner, so a change costs no compile stall.
 The batch is the first lever when the signal concerns all actors alike: starving with no straggler
 (the actors together produce too little) grows the smallest batch, the most efficient per group
 first, one level, where the device may have room for more envs at the same quota; a backlog

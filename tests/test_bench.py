@@ -147,7 +147,7 @@ def test_async_system_with_group_levels_runs_its_resource_manager_within_them():
     among the levels; every batch change it logs stays within them."""
     from jaxrose.bench import _ClockOnlySampler, run_async, train_config
 
-    bench = parse_args(ARGS + ["--async-group-levels", "1,2", "--", "--run.actors", "1",
+    bench = parse_args(ARGS + ["--async-group-levels", "1,2", "--", "--run.actors", "1", "--run.max-policy-lag", "3",
                                "--run.resources.interval", "0.3", "--run.resources.patience", "1"])
     assert bench.async_group_levels == (1, 2)
     config = train_config(bench)

@@ -68,7 +68,7 @@ def test_a_failed_compile_ahead_only_warns():
 
 
 def _managed(tiny_config):
-    resources = ResourceConfig(manager="on", group_levels=(1, 2))
+    resources = ResourceConfig(manager="on", group_levels=(1, 2), grow_keeps="minibatch_size")
     return replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
 
 

@@ -269,7 +269,7 @@ def test_a_grown_batch_keeps_the_minibatch_size_and_takes_more_sgd_steps(tiny_co
     from jaxrose.async_mode import learner_config
     from jaxrose.sequential import SequentialExecutor
 
-    resources = ResourceConfig(manager="on", group_levels=(1, 2))
+    resources = ResourceConfig(manager="on", group_levels=(1, 2), grow_keeps="minibatch_size")
     config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
     kept = learner_config(config, num_actors=2, max_lag=1)
     # One actor starts with 1 group of 16 envs x 2 unrolls = 32 segments; 4 minibatches of 8.
@@ -298,7 +298,7 @@ def test_manager_grows_an_actors_batch_in_a_real_run_and_its_trajectories_follow
     # Both actors equally slow (0.3 s a rollout): the learner starves with no straggler, so batches
     # grow from 1 group (16 envs) to 2. One SM level: no quota can move.
     resources = ResourceConfig(manager="on", interval=1.0, sm_levels=(50,), patience=1, cooldown=1,
-                               group_levels=(1, 2))
+                               group_levels=(1, 2), grow_keeps="minibatch_size")  # whole trajectories per update
     config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
     log = tmp_path / "resources.jsonl"
     manager = ResourceManager(resources, 2, quota_env(use_mps=True, compile_cache=None), str(log))
