@@ -145,8 +145,10 @@ class ResourceConfig:
     the actor and learner processes, rebalanced from runtime measurements."""
 
     manager: Literal["off", "on"] = "off"
-    interval: float = 5.0
-    """Seconds between two decisions (each one sees the measurements of the last interval)."""
+    interval: float = 2.0
+    """Seconds between two decisions (each one sees the measurements of the last interval). With
+    ant's ~0.3 s updates 2 s is ~6 updates; at 5 s the first growth came 2/3 into a 30M-step run
+    on the H200 (BENCHMARKS.md, 2026-12-03)."""
     sm_levels: tuple[int, ...] = (25, 50, 75, 100)
     """MPS quota levels (SM %) an actor may get; a change restarts the actor (warm with run.compile_cache)."""
     sm_pool: int = 100
