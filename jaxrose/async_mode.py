@@ -313,6 +313,7 @@ class AsyncTrainer:
         self.actors[index].send(("restore", state, seq))
         self._rollouts[index].clear()
         self._next_seq[index], self._sent_version[index], self._sent_buffers[index] = seq, -1, set()
+        self.precompiled.pop(f"actor{index}", None)  # the new process compiles its levels again
         return time.perf_counter() - start
 
     def resize_actor(self, index: int, groups: int, update: int) -> None:
