@@ -80,10 +80,10 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
         for size in sorted(levels, key=lambda g: (g < current, abs(g - current))):
             if size != current:
                 args = (*weights, resized_axis(env_state, 0, lambda _, size=size: size), abstract(key))
-                precompiler.submit(f"rollout of {size} groups", lambda args=args: collect.lower(*args).compile())
+                precompiler.submit(rollout_label(size), lambda args=args: collect.lower(*args).compile())
             for have in (g for g in levels if g != size and abs(levels.index(g) - levels.index(size)) == 1):
                 state = resized_axis(env_state, 0, lambda _, have=have: have)
-                precompiler.submit(f"resize {have}->{size}", lambda have=have, size=size, state=state:
+                precompiler.submit(resize_label(have, size), lambda have=have, size=size, state=state:
                                    resizer(have, size).lower(state, update).compile())
 
     @jax.jit
@@ -163,6 +163,16 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
         for slots in buffers.values():
             for slot in slots:
                 slot.close()
+
+
+def rollout_label(size: int) -> str:
+    """What an actor reports once its rollout for `size` groups is compiled ahead."""
+    return f"rollout of {size} groups"
+
+
+def resize_label(have: int, size: int) -> str:
+    """What an actor reports once its resize from `have` to `size` groups is compiled ahead."""
+    return f"resize {have}->{size}"
 
 
 def groups_of(env_state) -> int:

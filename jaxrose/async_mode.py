@@ -49,7 +49,7 @@ import numpy as np
 
 from jaxrose import distribution
 from jaxrose.config import ConfigError, TrainConfig
-from jaxrose.async_actor import groups_of, run_actor, trajectory_groups
+from jaxrose.async_actor import groups_of, resize_label, rollout_label, run_actor, trajectory_groups
 from jaxrose.precompile import Precompiler
 from jaxrose.workers import Worker
 
@@ -192,6 +192,11 @@ def _pieces(unrolls: dict, groups: Optional[int]) -> list[dict]:
         return [unrolls]
     return [{k: (v[:, g:g + groups] if k == "last_obs" else v[:, :, g:g + groups]) for k, v in unrolls.items()}
             for g in range(0, total, groups)]
+
+
+def _learner_labels(size: int) -> tuple[str, str]:
+    """The learner's programs for a trajectory of `size` groups, as compiled ahead: preparation, update."""
+    return f"batch preparation for {size} groups", f"update on {size} groups"
 
 
 def _with_params_health(update):
@@ -419,9 +424,8 @@ class AsyncTrainer:
         ready = []
         for i, groups in enumerate(self.groups):
             actor = {label for label, _ in self.precompiled.get(f"actor{i}", ())}
-            ready.append(tuple(g for g in self.config.run.resources.group_levels if g == groups or {
-                f"rollout of {g} groups", f"resize {groups}->{g}"} <= actor and {
-                f"batch preparation for {g} groups", f"update on {g} groups"} <= learner))
+            ready.append(tuple(g for g in self.config.run.resources.group_levels if g == groups or (
+                {rollout_label(g), resize_label(groups, g)} <= actor and set(_learner_labels(g)) <= learner)))
         return tuple(ready)
 
     def _precompile_levels(self, unrolls: dict, learner, batch) -> None:
@@ -437,10 +441,9 @@ class AsyncTrainer:
             scale = lambda n, size=size: n // groups * size  # noqa: E731
             unrolls_abs = {k: resized_axis(v, 1 if k == "last_obs" else 2, scale) for k, v in unrolls.items()}
             batch_abs = resized_axis(batch, 0, scale)
-            self._precompiler.submit(f"batch preparation for {size} groups",
-                                     lambda u=unrolls_abs: self._prepare.lower(u, learner_abs).compile())
-            self._precompiler.submit(f"update on {size} groups",
-                                     lambda b=batch_abs: self._update.lower(learner_abs, b).compile())
+            prepare_label, update_label = _learner_labels(size)
+            self._precompiler.submit(prepare_label, lambda u=unrolls_abs: self._prepare.lower(u, learner_abs).compile())
+            self._precompiler.submit(update_label, lambda b=batch_abs: self._update.lower(learner_abs, b).compile())
 
     def _apply_resources(self, manager, take: list[int], version: int) -> None:
         """Quota restarts and batch sizes the manager decided, for the actors whose trajectories were just consumed."""
@@ -536,13 +539,14 @@ class AsyncTrainer:
                 self._rollouts[i].remove(rollout)
                 rollouts[i] += 1
             used = self._finite_trajectories(take, version, nonfinite, skipped)
-            # Dropped trajectories count at once; the others as their updates consume them.
-            consumed += sum(trajectory_groups(r.unrolls) for _, r in take) * steps_per_group_rollout
             if self._update_groups is None:  # one update on everything taken
                 pieces = [(_concatenate([r.unrolls for _, r in used]), used)] if used else []
             else:  # grow_keeps='update_size': each trajectory as updates of the starting batch, in order
                 pieces = [(p, [(i, r)]) for i, r in used for p in _pieces(r.unrolls, self._update_groups)]
-            consumed -= sum(trajectory_groups(p) for p, _ in pieces) * steps_per_group_rollout
+            # Trajectories dropped for NaN or Inf count at once; the others as their pieces are consumed.
+            dropped_groups = (sum(trajectory_groups(r.unrolls) for _, r in take)
+                              - sum(trajectory_groups(p) for p, _ in pieces))
+            consumed += dropped_groups * steps_per_group_rollout
             shapes.extend((i, trajectory_groups(r.unrolls)) for i, r in used)
             step_lags, reports = [], []
             for piece, sources in pieces:  # one update, or (grow_keeps='update_size') several, one after another

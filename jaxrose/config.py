@@ -176,8 +176,8 @@ class ResourceConfig:
     """What the learner keeps when an actor's batch is resized. 'update_size': the starting batch
     per update: a trajectory grown 4x is learned as 4 updates, one after another, each on a quarter
     of its groups with its own proximal policy (PPO's trust region per update, so updates per env
-    step stay as configured; the later quarters are older data: run.max_policy_lag must allow
-    (run.actor_run_ahead + 1) x 4 - 1). 'minibatch_size': one update with the starting minibatch's
+    step stay as configured; the later quarters are older data: run.max_policy_lag must be at least
+    (run.actor_run_ahead + 1) x actors x 4 - 1, checked at start). 'minibatch_size': one update with the starting minibatch's
     size, so 4x the SGD steps in one trust region. 'minibatch_count': one update with
     ppo.num_minibatches, larger minibatches (4x fewer SGD steps per env step). Measured on the H200
     (BENCHMARKS.md, 2026-12-03): 'update_size' learns as much per env step as brax's PPO; a grown

@@ -108,13 +108,11 @@ def to_batch(unrolls: dict) -> tuple[Batch, dict]:
 
 def minibatch_count(ppo: PPOConfig, segments: int) -> int:
     """Minibatches an update's batch of `segments` segments splits into (`ppo.minibatch_segments`)."""
-    if ppo.minibatch_segments is None:
-        count = ppo.num_minibatches
-    else:
-        count = segments // ppo.minibatch_segments
-    if count < 1 or segments % count or (ppo.minibatch_segments and segments % ppo.minibatch_segments):
-        size = ppo.minibatch_segments or f"{segments} / {ppo.num_minibatches}"
-        raise ValueError(f"A batch of {segments} segments does not split into minibatches of {size} segments; "
+    size = ppo.minibatch_segments
+    count = ppo.num_minibatches if size is None else segments // size
+    if count < 1 or segments % (count if size is None else size):
+        what = f"{count} minibatches (ppo.num_minibatches)" if size is None else f"minibatches of {size} segments"
+        raise ValueError(f"A batch of {segments} segments does not split into {what}; "
                          f"change ppo.num_minibatches or ppo.minibatch_segments.")
     return count
 
