@@ -41,6 +41,7 @@ from jaxrose.bench_brax import run_brax
 from jaxrose.bench_report import SYSTEM_LABELS, append_record, is_finite_number, jsonable, plot_results, render_markdown
 
 SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "tuned", "async")
+CHILD_SYSTEMS = ("overlapped", "spread", "tuned", "async")  # run in processes of their own, beside this one
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "tuned")
 
 
@@ -375,6 +376,20 @@ def run_async(config, sampler, group_levels: tuple[int, ...] = ()) -> dict:
     return _run_in_child("_async_child", replace(config, **changes), sampler)
 
 
+def share_gpu_memory_with_children(systems: tuple[str, ...]) -> bool:
+    """Stops this process from taking 75% of the GPU's memory at its first JAX call (XLA's default) when a
+    system runs in child processes: measured on the H200, pusher-transformer's async learner needs a 17 GiB
+    buffer and failed beside a parent that had preallocated. A user's own XLA_PYTHON_CLIENT_PREALLOCATE or
+    XLA_PYTHON_CLIENT_MEM_FRACTION is kept. Must run before JAX's first device use; returns whether it changed
+    the setting."""
+    if not set(systems) & set(CHILD_SYSTEMS):
+        return False
+    if "XLA_PYTHON_CLIENT_PREALLOCATE" in os.environ or "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ:
+        return False
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return True
+
+
 def _run_in_child(child: str, config, sampler, extra: tuple = ()) -> dict:
     import pickle
     import tempfile
@@ -637,6 +652,8 @@ def compute_ratios(results: dict) -> list[dict]:
 def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     """Runs the selected systems and writes results.json, results.md and results.png; returns the results."""
     from jaxrose.profiler import GpuActivitySampler
+
+    share_gpu_memory_with_children(bench.systems)
 
     config = train_config(bench)
     systems: dict[str, dict] = {}

@@ -3,6 +3,7 @@ every ratio the quotient of the stored measurements, and the three output files 
 
 import json
 import math
+import os
 
 import pytest
 
@@ -320,3 +321,18 @@ def test_plot_adds_a_success_panel_for_tasks_with_a_success_metric(bench_run, tm
     widths = [matplotlib.image.imread(plot_results(r, str(tmp_path / f"{i}.png"))).shape[1]
               for i, r in enumerate((results, with_success))]
     assert widths[1] == widths[0] * 5 // 4  # bars, SM activity, returns by steps and by time; then success rate
+
+
+def test_parent_leaves_gpu_memory_to_systems_in_child_processes(monkeypatch):
+    from jaxrose.bench import share_gpu_memory_with_children
+
+    for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(name, raising=False)
+    assert not share_gpu_memory_with_children(("brax", "sim", "sequential"))
+    assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ  # in-process systems keep XLA's default
+    assert share_gpu_memory_with_children(("sequential", "async"))
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.3")  # the user's own choice is kept
+    assert not share_gpu_memory_with_children(("overlapped",))
+    assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ
