@@ -86,8 +86,10 @@ def test_the_learner_compiles_the_other_batch_size_ahead(tiny_config, compiles):
         assert trainer._precompiler.wait(120)
     finally:
         trainer.close()
-    assert [label for label, _ in result.precompiled["learner"]] == ["batch preparation for 2 groups",
-                                                                     "update on 2 groups"]
+    # The result holds what was compiled when the run returned; the update may have finished after.
+    labels = ["batch preparation for 2 groups", "update on 2 groups"]
+    assert [label for label, _ in result.precompiled["learner"]] == labels[:len(result.precompiled["learner"])]
+    assert [label for label, _ in trainer._precompiler.compiled] == labels
     learner, unrolls = taken[0]
     assert unrolls["reward"].shape[2] == 1
     grown = {k: jnp.concatenate([v, v], axis=1 if k == "last_obs" else 2) for k, v in unrolls.items()}
