@@ -13,11 +13,16 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "4")
 # change what the tests compare (both sides of every comparison run under the same flags).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
+# Identical programs built by different executors compile once per test session, in this process and in
+# every worker process the tests spawn (actors, evaluation workers, group processes, bench children):
+# they inherit the cache through the environment, as `run.compile_cache` hands it to workers.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrose-test-cache-")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# Identical programs built by different executors compile once per test session.
-jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="jaxrose-test-cache-"))
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
