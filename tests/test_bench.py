@@ -11,9 +11,15 @@ from jaxrose.bench import RATIOS, BenchConfig, lookup, main, parse_args
 from jaxrose.config import ConfigError
 from jaxrose.presets import get_preset
 
-ARGS = ["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
-        "--repeats", "3", "--systems", "brax,sim,sequential,overlapped,spread,tuned,async", "--tune-iterations", "1",
-        "--tune-groups", "false"]  # tune's group trials are tested in test_tune.py
+BENCH_ARGS = ["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
+              "--repeats", "3", "--systems", "brax,sim,sequential,overlapped,spread,tuned,async",
+              "--tune-iterations", "1", "--tune-groups", "false",  # tune's group trials are tested in test_tune.py
+              # The async system runs its resource manager among these levels (one actor, lag <= 3): one run
+              # checks both the async summary and the manager's decisions.
+              "--async-group-levels", "1,2"]
+TRAIN_ARGS = ["--run.actors", "1", "--run.max-policy-lag", "3", "--run.resources.interval", "0.3",
+              "--run.resources.patience", "1"]
+ARGS = BENCH_ARGS + ["--", *TRAIN_ARGS]
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +27,7 @@ def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     record = out / "BENCHMARKS.md"
     record.write_text("# Benchmarks\n")
-    main(ARGS + ["--out", str(out), "--record", str(record)])
+    main(BENCH_ARGS + ["--out", str(out), "--record", str(record), "--", *TRAIN_ARGS])
     return out, json.loads((out / "results.json").read_text()), record
 
 
@@ -143,17 +149,18 @@ def test_tuned_system_trains_with_a_saved_plan_without_tuning(bench_run, tmp_pat
     assert summary["eval_returns"] == results["systems"]["sequential"]["eval_returns"]
 
 
-def test_async_system_with_group_levels_runs_its_resource_manager_within_them():
+def test_async_system_with_group_levels_runs_its_resource_manager_within_them(bench_run):
     """`--async-group-levels`: the async system alone gets the manager, free to move batch sizes
     among the levels; every batch change it logs stays within them."""
-    from jaxrose.bench import _ClockOnlySampler, run_async, train_config
+    from jaxrose.bench import train_config
 
-    bench = parse_args(ARGS + ["--async-group-levels", "1,2", "--", "--run.actors", "1", "--run.max-policy-lag", "3",
-                               "--run.resources.interval", "0.3", "--run.resources.patience", "1"])
+    bench = parse_args(ARGS)
     assert bench.async_group_levels == (1, 2)
     config = train_config(bench)
     assert config.run.resources.manager == "off"  # the other systems run without it
-    summary = run_async(config, _ClockOnlySampler(), bench.async_group_levels)
+    _, results, _ = bench_run
+    assert results["config"]["run"]["resources"]["manager"] == "off"
+    summary = results["systems"]["async"]
     assert summary["status"] == "ok" and summary["resource_manager"] == "on"
     decisions = summary["resource_decisions"]
     assert decisions and decisions[0]["kind"] == "initial", decisions
