@@ -29,19 +29,25 @@ def brax_final_return(config) -> float:
     return evals[-1]
 
 
+@pytest.fixture(scope="module")
+def our_runs(tmp_path_factory):
+    """jaxrose's runs for seeds 0 and 1, trained once for both tests below (seed 0 writes its outputs)."""
+    out = tmp_path_factory.mktemp("learning")
+    return {seed: train(point_mass_config(seed, str(out / str(seed))), write_outputs=seed == 0) for seed in (0, 1)}
+
+
 @pytest.mark.slow
-def test_point_mass_learns(tmp_path):
-    result = train(point_mass_config(0, str(tmp_path)))
+def test_point_mass_learns(our_runs):
+    result = our_runs[0]
     first, last = result.evaluations[0]["eval/episode_return"], result.final_return
     assert last > 120.0 and last > first + 80.0, (first, last)
 
 
 @pytest.mark.slow
-def test_final_return_matches_brax_ppo(tmp_path):
+def test_final_return_matches_brax_ppo(our_runs):
     """Same env, settings, budget and eval protocol; two seeds each. The runs' random streams differ,
     so agreement is within seed noise: |mean difference| <= max(3 pooled std, 15% of brax's mean)."""
-    ours = [train(point_mass_config(seed, str(tmp_path / str(seed))), write_outputs=False).final_return
-            for seed in (0, 1)]
+    ours = [our_runs[seed].final_return for seed in (0, 1)]
     theirs = [brax_final_return(point_mass_config(seed, "")) for seed in (0, 1)]
     pooled_std = np.sqrt((np.var(ours, ddof=1) + np.var(theirs, ddof=1)) / 2)
     tolerance = max(3 * pooled_std, 0.15 * abs(np.mean(theirs)))
