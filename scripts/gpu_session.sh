@@ -39,8 +39,10 @@
 #           on GPUS pinned processes and on GPUS devices of one process, 4096 envs per GPU for ant-mlp
 #           (scripts/gpu_scale_check.py; ~3 min per run at 10M steps)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
-#   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS],... ; each preset with brax, sim, sequential
-#           (default 3 evaluations), each bounded by its SECONDS; suite.tar.gz rewritten after each preset
+#   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS[:SYSTEMS]],... ; each preset with brax, sim,
+#           sequential (or its own SYSTEMS, joined by +; default 3 evaluations), each bounded by its SECONDS;
+#           suite.tar.gz rewritten after each preset
+#   bgsuite SPEC [SYSTEMS]: the suite detached in /tmp/bg/suite, for more than one call: follow with `collect suite`
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
 #   tuned   [PRESET] [STEPS] [PLAN]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
 #           tuning time and trials included (ant-mlp 15M: ~9 min); with PLAN (a saved plan, e.g. the H200
@@ -138,9 +140,10 @@ case "${1:?stage}" in
   suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
         mkdir -p "$out/suite"; systems="${3:-brax,sim,sequential}"
         for entry in ${2//,/ }; do
-          IFS=: read -r p steps limit evals <<< "$entry"
+          IFS=: read -r p steps limit evals entry_systems <<< "$entry"
+          entry_systems=${entry_systems:-$systems}; entry_systems=${entry_systems//+/,}
           timeout "${limit:-150}" python3 -m jaxrose.cli bench --preset "$p" --total-env-steps "${steps:-5000000}" \
-            --num-evals "${evals:-3}" --systems "$systems" --repeats 3 --out "$out/suite/$p" --record "$out/suite/BENCH_$p.md" \
+            --num-evals "${evals:-3}" --systems "$entry_systems" --repeats 3 --out "$out/suite/$p" --record "$out/suite/BENCH_$p.md" \
             > "$out/suite/$p.log" 2>&1 || echo "[bench] $p: exit $? (see suite/$p.log)"
           grep "\[bench\]" "$out/suite/$p.log"
           tar -czf "$out/suite.tar.gz" -C "$out" suite
@@ -157,6 +160,11 @@ case "${1:?stage}" in
   faults) timeout 520 python3 scripts/gpu_faults.py ${2:+--cases "$2"} --out "$out/faults.json" > /dev/null 2> "$out/faults.log";
         python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['verdicts'], indent=1))" "$out/faults.json" ;;
   bg) name=${2:?name}; shift 2; start_bg "$name" "$@" ;;
+  bgsuite) # SPEC [SYSTEMS]: the suite stage detached (it outlives one call): follow with `collect suite`
+        rm -rf /tmp/bg/suite; mkdir -p /tmp/bg/suite/out
+        OUT=/tmp/bg/suite/out setsid nohup sh -c "bash scripts/gpu_session.sh suite '$2' '${3:-brax,sim,sequential}' \
+          > /tmp/bg/suite/log 2>&1; echo \$? > /tmp/bg/suite/exit" > /dev/null 2>&1 < /dev/null &
+        echo "started suite (pid $!)" ;;
   collect) name=${2:?name}; deadline=$(( $(date +%s) + ${3:-570} ))
       while [ ! -f "/tmp/bg/$name/exit" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
       grep "\[bench\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
