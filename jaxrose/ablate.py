@@ -4,6 +4,11 @@ plan is measured end to end; speedups are against the sequential plan of the sam
 Arms name sets of `tune.Switches`: `sequential` (no optimization, no tuning), `all` (every switch
 on), `no-<switch>` (that one off, the rest on) and `only-<switch>` (that one alone on). The
 sequential arm always runs, first, because every speedup is measured against it.
+
+By default the arms of one preset and seed share their tuning measurements (`tune.Measurements`): the
+sequential plan's noise pair, the stage profile and any candidate plan an earlier arm measured are not
+measured again (each row counts them in `measurements_reused`). Each arm's final plan is always measured
+afresh for its row. `reuse_measurements=False` tunes every arm from scratch.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 from jaxrose.config import ConfigError, TrainConfig, replace
 from jaxrose.plan import Plan, sequential_plan
-from jaxrose.tune import Switches, measure_plan, tune
+from jaxrose.tune import Measurements, Switches, measure_plan, tune
 
 SEQUENTIAL, ALL = "sequential", "all"
 
@@ -50,7 +55,8 @@ def arm_switches(arm: str) -> Optional[Switches]:
 
 def ablate(presets: Union[str, Sequence[str], Mapping[str, TrainConfig]], arms: Optional[Sequence[str]] = None,
            seeds: Sequence[int] = (0,), iterations: int = 5, max_candidates: int = 4,
-           out_dir: Optional[str] = "runs/ablate", progress_fn: Optional[Callable[[dict], None]] = None) -> list[dict]:
+           out_dir: Optional[str] = "runs/ablate", progress_fn: Optional[Callable[[dict], None]] = None,
+           reuse_measurements: bool = True) -> list[dict]:
     """Runs every preset × arm × seed and returns one row per run (see `_row` for the fields).
 
     `presets`: preset names, or a mapping from a label to a config (e.g. a preset made small for a
@@ -77,8 +83,9 @@ def ablate(presets: Union[str, Sequence[str], Mapping[str, TrainConfig]], arms: 
                 use_compile_cache(config.run.compile_cache)
             for seed in seeds:
                 seeded = replace(config, **{"run.seed": seed})
+                shared = Measurements(seeded) if reuse_measurements else None
                 for arm in arms:  # sequential first: the reference of this preset and seed
-                    row, plan = _run_arm(label, arm, seeded, iterations, max_candidates, sampler)
+                    row, plan = _run_arm(label, arm, seeded, iterations, max_candidates, sampler, shared)
                     plans[plan_key(label, arm, seed)] = json.loads(plan.to_json())
                     if arm == SEQUENTIAL:
                         reference = row["seconds_per_iteration"]
@@ -92,15 +99,17 @@ def ablate(presets: Union[str, Sequence[str], Mapping[str, TrainConfig]], arms: 
 
 
 def _run_arm(label: str, arm: str, config: TrainConfig, iterations: int, max_candidates: int,
-             sampler) -> tuple[dict, Plan]:
+             sampler, shared: Optional[Measurements] = None) -> tuple[dict, Plan]:
     switches = arm_switches(arm)
+    reused = 0
     if switches is None:
         from jaxrose.sequential import SequentialExecutor
 
         plan, trials, tuning_seconds, noise = sequential_plan(SequentialExecutor(config).program), [], 0.0, None
     else:
-        result = tune(config, switches, max_candidates, iterations)
+        result = tune(config, switches, max_candidates, iterations, measurements=shared)
         plan, trials, tuning_seconds, noise = result.plan, result.trials, result.tuning_seconds, result.noise_seconds
+        reused = result.measurements_reused
     seconds, activity = measure(config, plan, iterations, sampler)
     median = statistics.median(seconds)
     tried = [t for t in trials if not t.reason.startswith("skipped")]  # e.g. quotas where MPS is missing
@@ -118,6 +127,7 @@ def _run_arm(label: str, arm: str, config: TrainConfig, iterations: int, max_can
         "noise_seconds": noise,
         "candidates_tried": len(tried),
         "candidates_kept": sum(t.kept for t in tried),
+        "measurements_reused": reused,
         "plan": "; ".join(plan.history) or "sequential",
     }, plan
 
@@ -192,6 +202,9 @@ def main(args: list[str]) -> None:
     parser.add_argument("--iterations", type=int, default=5, help="timed iterations per measurement")
     parser.add_argument("--max-candidates", type=int, default=4, help="structural candidates tuning tries per arm")
     parser.add_argument("--out", default="runs/ablate", help="output folder (default: runs/ablate)")
+    parser.add_argument("--no-reuse-measurements", action="store_true",
+                        help="tune every arm from scratch instead of sharing measurements of the same plan among the "
+                             "arms of one preset and seed")
     parser.add_argument("--compile-cache", default=None,
                         help="persistent compile cache shared by every arm and its worker processes (run.compile_cache)")
     options = parser.parse_args(args)
@@ -213,7 +226,8 @@ def main(args: list[str]) -> None:
         from jaxrose.presets import get_preset
 
         presets = {name: replace(get_preset(name), **{"run.compile_cache": options.compile_cache}) for name in presets}
-    ablate(presets, options.arms, options.seeds, options.iterations, options.max_candidates, options.out, progress)
+    ablate(presets, options.arms, options.seeds, options.iterations, options.max_candidates, options.out, progress,
+           reuse_measurements=not options.no_reuse_measurements)
     with open(os.path.join(options.out, "summary.md")) as f:
         print("\n" + f.read())
     print(f"outputs: {options.out} (table.csv, table.json, summary.md, speedup.png, sm_activity.png)")

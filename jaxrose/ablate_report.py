@@ -17,7 +17,8 @@ _SUMMARY = (("seconds_per_iteration", "ms / iteration", lambda v: f"{v * 1e3:.2f
             ("sm_activity_pct", "SM activity %", lambda v: f"{v:.1f}"),
             ("tuning_seconds", "tuning s", lambda v: f"{v:.1f}"),
             ("candidates_kept", "kept", lambda v: f"{v:g}"),
-            ("candidates_tried", "tried", lambda v: f"{v:g}"))
+            ("candidates_tried", "tried", lambda v: f"{v:g}"),
+            ("measurements_reused", "reused", lambda v: f"{v:g}"))
 
 
 def write_report(rows: list[dict], out_dir: str, note: Optional[str] = None,
@@ -54,7 +55,7 @@ def medians(rows: list[dict]) -> list[dict]:
     for (preset, arm), group in groups.items():
         record = {"preset": preset, "arm": arm, "seeds": len(group)}
         for field, _, _ in _SUMMARY:
-            values = [r[field] for r in group if r[field] is not None]
+            values = [r.get(field) for r in group if r.get(field) is not None]  # older tables lack newer fields
             record[field] = statistics.median(values) if values else None
         out.append(record)
     return out
@@ -65,7 +66,9 @@ def summary_markdown(rows: list[dict], note: Optional[str] = None) -> str:
     lines = [f"# Ablation: {', '.join(dict.fromkeys(r['preset'] for r in rows))}", "",
              f"Medians over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), {rows[0]['iterations']} timed "
              f"iterations per measurement. Speedup: the sequential arm's seconds per iteration over the arm's, "
-             f"same preset and seed. Tuning time includes compilation."]
+             f"same preset and seed. Tuning time includes compilation. Reused: tuning measurements read from an "
+             f"earlier arm of the same preset and seed (the same plan measured once), so that arm's tuning time is "
+             f"shorter than a tune of its own would be."]
     if note:
         lines += ["", note]
     records = medians(rows)

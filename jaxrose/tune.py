@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 
@@ -55,6 +55,7 @@ class TuneResult:
     noise_seconds: float
     trials: list[Trial]
     tuning_seconds: float
+    measurements_reused: int = 0  # end-to-end measurements and profiles read from a shared `Measurements`
 
     @property
     def speedup(self) -> float:
@@ -91,18 +92,61 @@ def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: Opt
             executor.close()
 
 
+class Measurements:
+    """Measurements shared by several `tune` calls on one config, e.g. an ablation's arms for one preset
+    and seed: the sequential plan's two noise measurements, the stage profile and every candidate plan are
+    measured once, and a later arm that meets the same plan reads that measurement instead of taking
+    another. Each measurement is still a fresh executor (and helper processes) timed end to end; what is
+    saved is repeating it. Arms then differ only where their switches lead them to different plans."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self._runs: dict[tuple[str, int], list[list[float]]] = {}
+        self._profile = None
+        self.taken = self.reused = 0
+
+    def runs(self, plan: Plan, iterations: int, count: int) -> list[list[float]]:
+        """The first `count` measurements of `plan` (seconds per timed iteration), taking the missing ones."""
+        runs = self._runs.setdefault((plan.to_json(), iterations), [])
+        self.reused += min(count, len(runs))
+        while len(runs) < count:
+            runs.append(measure_plan(self.config, plan, iterations))
+            self.taken += 1
+        return runs[:count]
+
+    def profile(self):
+        if self._profile is None:
+            self._profile = profile_program(default_executor_factory, self.config, iterations=2)
+            self.taken += 1
+        else:
+            self.reused += 1
+        return self._profile
+
+
 def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: int = 4,
-         iterations: int = 5) -> TuneResult:
+         iterations: int = 5, measurements: Optional[Measurements] = None) -> TuneResult:
+    """`measurements`: shared with other `tune` calls on the same config (see `Measurements`); by
+    default this call measures everything itself."""
     start = time.perf_counter()
+    if measurements is None:
+        measurements = Measurements(config)
+    elif measurements.config != config:
+        raise ValueError("tune: `measurements` belongs to a different config; share one Measurements only "
+                         "among tune calls on the same config (preset and seed).")
+    reused_before = measurements.reused
     executor = PlanExecutor(config, sequential_plan(_program(config)))
     program = executor.program
     graph = build_graph(program, ITERATION_INPUTS)
     current = sequential_plan(program)
     # Noise: the same plan measured twice; a change must beat the current plan by more than this.
-    first, second = (statistics.median(measure_plan(config, current, iterations)) for _ in range(2))
+    first, second = (statistics.median(run) for run in measurements.runs(current, iterations, 2))
     noise = abs(first - second)
     baseline = current_seconds = min(first, second)
-    profile = profile_program(default_executor_factory, config, iterations=2)
+    profile = measurements.profile()
+
+    def measure(plan: Plan) -> float:
+        return statistics.median(measurements.runs(plan, iterations, 1)[0])
+
     trials: list[Trial] = []
     candidates = [c for c in rank(current, program, graph, profile) if c.predicted_gain > 0 and _allowed(c, switches)]
     for candidate in candidates[:max_candidates]:
@@ -111,8 +155,8 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
             trials.append(Trial(candidate.description, candidate.predicted_gain, None, True,
                                 "kept on the model's prediction alone (validation off)"))
             break
-        kept, seconds = _judge(config, candidate.plan, candidate.description, candidate.predicted_gain,
-                               current_seconds, noise, iterations, trials)
+        kept, seconds = _judge(measure, candidate.plan, candidate.description, candidate.predicted_gain,
+                               current_seconds, noise, trials)
         if kept:
             current, current_seconds = candidate.plan, seconds
             break  # one structural change per round; the ranking changes once the plan does
@@ -120,27 +164,30 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
         trials.append(Trial("spread the rollout over group processes", 0.0, None, False,
                             "skipped: with validation off only model predictions count, and none exists for it"))
     elif switches.groups:
-        current, current_seconds = _tune_groups(config, program, graph, current, current_seconds, noise,
-                                                iterations, trials)
+        current, current_seconds = _tune_groups(config, measure, program, graph, current, current_seconds, noise,
+                                                trials)
     if switches.restructure:
-        current, current_seconds = _tune_loops(config, program, current, current_seconds, noise, switches,
-                                               iterations, trials)
-    current, current_seconds = _tune_quotas(config, current, current_seconds, noise, switches, iterations, trials)
-    return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start)
+        current, current_seconds = _tune_loops(measure, program, current, current_seconds, noise, switches, trials)
+    current, current_seconds = _tune_quotas(config, measure, current, current_seconds, noise, switches, trials)
+    return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start,
+                      measurements.reused - reused_before)
 
 
-def _judge(config: TrainConfig, plan: Plan, description: str, predicted_gain: float, current_seconds: float,
-           noise: float, iterations: int, trials: list[Trial]) -> tuple[bool, float]:
+Measure = Callable[[Plan], float]  # a plan's median seconds per iteration, measured end to end
+
+
+def _judge(measure: Measure, plan: Plan, description: str, predicted_gain: float, current_seconds: float,
+           noise: float, trials: list[Trial]) -> tuple[bool, float]:
     """Measures `plan` end to end and records the trial: kept only if faster than the current plan
     by more than the noise. Returns (kept, its median seconds per iteration)."""
-    seconds = statistics.median(measure_plan(config, plan, iterations))
+    seconds = measure(plan)
     kept = seconds < current_seconds - noise
     trials.append(Trial(description, predicted_gain, seconds, kept,
                         f"{seconds * 1e3:.2f} ms vs {current_seconds * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise"))
     return kept, seconds
 
 
-def _tune_groups(config: TrainConfig, program, graph, plan: Plan, seconds: float, noise: float, iterations: int,
+def _tune_groups(config: TrainConfig, measure: Measure, program, graph, plan: Plan, seconds: float, noise: float,
                  trials: list[Trial]) -> tuple[Plan, float]:
     """The rollout spread over 2 or 4 group processes (inference of one group beside simulation of
     another, under MPS). The planner's stage profile cannot predict this overlap (it happens inside
@@ -152,15 +199,15 @@ def _tune_groups(config: TrainConfig, program, graph, plan: Plan, seconds: float
             continue
         candidate = spread_rollout(base, program, graph, tuple(f"group{i}" for i in range(workers)),
                                    config.env.num_envs)
-        kept, measured = _judge(config, candidate, f"spread the rollout over {workers} group processes", 0.0,
-                                seconds, noise, iterations, trials)
+        kept, measured = _judge(measure, candidate, f"spread the rollout over {workers} group processes", 0.0,
+                                seconds, noise, trials)
         if kept:
             plan, seconds = candidate, measured
     return plan, seconds
 
 
-def _tune_loops(config: TrainConfig, program, plan: Plan, seconds: float, noise: float, switches: Switches,
-                iterations: int, trials: list[Trial]) -> tuple[Plan, float]:
+def _tune_loops(measure: Measure, program, plan: Plan, seconds: float, noise: float, switches: Switches,
+                trials: list[Trial]) -> tuple[Plan, float]:
     """Each loop nested in another (with a static length of at most 16 steps) unrolled: one device loop
     less, a longer body. The stage profile has no model of a loop's own cost, so the end-to-end
     measurement alone judges it."""
@@ -176,7 +223,7 @@ def _tune_loops(config: TrainConfig, program, plan: Plan, seconds: float, noise:
         except PlanError as e:
             trials.append(Trial(description, 0.0, None, False, f"illegal: {e}"))
             continue
-        kept, measured = _judge(config, candidate, description, 0.0, seconds, noise, iterations, trials)
+        kept, measured = _judge(measure, candidate, description, 0.0, seconds, noise, trials)
         if kept:
             plan, seconds = candidate, measured
     return plan, seconds
@@ -202,7 +249,7 @@ def _allowed(candidate, switches: Switches) -> bool:
     return switches.restructure
 
 
-def _tune_quotas(config, plan: Plan, seconds: float, noise: float, switches: Switches, iterations: int,
+def _tune_quotas(config, measure: Measure, plan: Plan, seconds: float, noise: float, switches: Switches,
                  trials: list[Trial]) -> tuple[Plan, float]:
     helpers = [p for p in plan.processes if p != MAIN]
     if not helpers or not switches.quotas:
@@ -215,8 +262,8 @@ def _tune_quotas(config, plan: Plan, seconds: float, noise: float, switches: Swi
     for helper in helpers:
         for quota in (50, 25, 10):
             candidate = with_quota(plan, helper, quota)
-            kept, measured = _judge(config, candidate, f"quota {quota}% for {helper}", 0.0, seconds, noise,
-                                    iterations, trials)
+            kept, measured = _judge(measure, candidate, f"quota {quota}% for {helper}", 0.0, seconds, noise,
+                                    trials)
             if kept:
                 plan, seconds = candidate, measured
     return plan, seconds

@@ -47,6 +47,9 @@ def test_one_row_per_preset_arm_seed(run):
     assert sequential["tuning_seconds"] == 0 and sequential["candidates_tried"] == 0
     assert sequential["plan"] == "sequential"
     assert all(r["tuning_seconds"] > 0 for r in rows[1:])
+    # Arms of one preset and seed share tuning measurements: the first tuned arm measures everything,
+    # the next reads back at least the sequential plan's noise pair and the stage profile.
+    assert [r["measurements_reused"] for r in rows[:2]] == [0, 0] and rows[2]["measurements_reused"] >= 3
 
 
 def test_every_runs_chosen_plan_is_saved_and_loads_back(run):
