@@ -66,3 +66,20 @@ def test_summary_counts_reused_measurements_and_reads_older_tables():
     header, _, sequential, all_arm = text.splitlines()[-4:]
     assert header.endswith("| reused |")
     assert sequential.endswith("| n/a |") and all_arm.endswith("| 4 |")
+
+
+@pytest.mark.parametrize("flag, reuse", [([], True), (["--no-reuse-measurements"], False)])
+def test_cli_passes_the_reuse_setting(monkeypatch, flag, reuse):
+    import jaxrose.ablate as ablate_module
+    from jaxrose.cli import main
+
+    seen = {}
+
+    def spy(*args, **kwargs):  # records what the CLI asked for, then stops before any tuning
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(ablate_module, "ablate", spy)
+    with pytest.raises(SystemExit):
+        main(["ablate", "--presets", "point-mass", *flag])
+    assert seen == {"reuse_measurements": reuse}
