@@ -42,7 +42,8 @@
 #   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS[:SYSTEMS]],... ; each preset with brax, sim,
 #           sequential (or its own SYSTEMS, joined by +; default 3 evaluations), each bounded by its SECONDS;
 #           suite.tar.gz rewritten after each preset
-#   bgsuite SPEC [SYSTEMS]: the suite detached in /tmp/bg/suite, for more than one call: follow with `collect suite`
+#   bgstage NAME STAGE [ARGS]: any stage detached in /tmp/bg/NAME, for more than one call: follow with `collect NAME`
+#   notebooks [PRESET] [SEEDS]: the notebooks at FULL settings (needs .whl-nb carried; with bgstage: ~15-25 min)
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
 #   tuned   [PRESET] [STEPS] [PLAN]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
 #           tuning time and trials included (ant-mlp 15M: ~9 min); with PLAN (a saved plan, e.g. the H200
@@ -160,14 +161,28 @@ case "${1:?stage}" in
   faults) timeout 520 python3 scripts/gpu_faults.py ${2:+--cases "$2"} --out "$out/faults.json" > /dev/null 2> "$out/faults.log";
         python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['verdicts'], indent=1))" "$out/faults.json" ;;
   bg) name=${2:?name}; shift 2; start_bg "$name" "$@" ;;
-  bgsuite) # SPEC [SYSTEMS]: the suite stage detached (it outlives one call): follow with `collect suite`
-        rm -rf /tmp/bg/suite; mkdir -p /tmp/bg/suite/out
-        OUT=/tmp/bg/suite/out setsid nohup sh -c "bash scripts/gpu_session.sh suite '$2' '${3:-brax,sim,sequential}' \
-          > /tmp/bg/suite/log 2>&1; echo \$? > /tmp/bg/suite/exit" > /dev/null 2>&1 < /dev/null &
-        echo "started suite (pid $!)" ;;
+  bgstage) # NAME STAGE [ARGS...]: another stage detached in /tmp/bg/NAME (it outlives one call): follow with
+        # `collect NAME`; its $OUT is /tmp/bg/NAME/out. E.g. bgstage suite suite SPEC; bgstage nb notebooks ant-mlp
+        name=${2:?name}; shift 2; rm -rf "/tmp/bg/$name"; mkdir -p "/tmp/bg/$name/out"
+        quoted=$(printf " %q" "$@")
+        OUT="/tmp/bg/$name/out" setsid nohup sh -c "bash scripts/gpu_session.sh$quoted > /tmp/bg/$name/log 2>&1; \
+          echo \$? > /tmp/bg/$name/exit" > /dev/null 2>&1 < /dev/null &
+        echo "started $name: $* (pid $!)" ;;
+  notebooks) # [PRESET] [SEEDS]: the three notebooks at FULL settings (scripts/run_notebooks.py): quickstart trains
+        # PRESET (default ant-mlp) to its budget, ablations runs every arm on PRESET for SEEDS (default [0]). The GPU
+        # image has no Jupyter: carry .whl-nb/ too, made here with the same `pip download` flags as
+        # ../shared/tools/offline-wheels.sh but with dependencies: ... -d .whl-nb nbclient nbformat ipykernel
+        if [ ! -f /tmp/site/.jaxrose-nb-wheels ]; then
+          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .whl-nb/*.whl && touch /tmp/site/.jaxrose-nb-wheels || exit 1
+        fi
+        timeout "${NOTEBOOK_SECONDS:-1500}" python3 scripts/run_notebooks.py --set FULL=True --set "PRESET=\"${2:-ant-mlp}\"" \
+          --set "SEEDS=${3:-[0]}" --out "$out/notebooks" notebooks/quickstart.ipynb notebooks/custom_algorithm.ipynb \
+          notebooks/ablations.ipynb 2>&1 | tee "$out/notebooks.log" | grep "^\[notebook\]"
+        rm -rf "$out"/notebooks/*/runs/compile-cache; find "$out/notebooks" -type d -name checkpoints -prune -exec rm -rf {} + ;;
   collect) name=${2:?name}; deadline=$(( $(date +%s) + ${3:-570} ))
       while [ ! -f "/tmp/bg/$name/exit" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
-      grep "\[bench\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
+      grep "\[bench\]\|\[notebook\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
       if [ -f "/tmp/bg/$name/exit" ]; then echo "exit $(cat /tmp/bg/$name/exit)"; else echo "still running"; exit 3; fi ;;
   plan) timeout 250 python3 -m jaxrose.cli plan --preset "${2:-ant-mlp}" --out "$out/plan" > "$out/plan.log" 2>&1;
         timeout 300 python3 -m jaxrose.cli tune --preset "${2:-ant-mlp}" --iterations 5 --out "$out/tune" > "$out/tune.log" 2>&1;
