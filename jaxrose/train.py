@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 from typing import Iterable, Mapping, Optional
 
@@ -194,6 +195,28 @@ class _TrainingLoop:
                                  "done_time": time.perf_counter(), **result})
         self.emit(iteration, result)
 
+    def compile_evaluation_ahead(self, state: RunState) -> Optional[threading.Thread]:
+        """Compiles the inline evaluation in a thread while the iteration compiles: the evaluation before
+        training would otherwise compile only after it (each took 20-45 s on the H200 for MJX presets,
+        BENCHMARKS.md). jit finds the program this compiled (the same abstract arguments), so nothing is
+        compiled twice; a failure here is left to the real call, which raises it where it belongs."""
+        if self.remote is not None or self.run_config.eval_mode == "process" or self.run_config.num_evals <= 1:
+            return None
+        from jaxrose.precompile import abstract
+
+        learner = distributed.local_copy(state.learner)
+        args = jax.tree.map(abstract, (learner.params, learner.normalizer, evaluation_key(self.run_config.seed, 0)))
+
+        def compile_quietly() -> None:
+            try:
+                self.evaluate.lower(*args).compile()
+            except Exception:  # noqa: BLE001 - the evaluation's own call reports it
+                pass
+
+        thread = threading.Thread(target=compile_quietly, name="jaxrose-compile-evaluation", daemon=True)
+        thread.start()
+        return thread
+
     def start_evaluation(self, iteration: int, state: RunState) -> None:
         if self.remote is not None:
             self.remote.submit(iteration, distributed.local_copy(state.learner))
@@ -239,8 +262,11 @@ class _TrainingLoop:
         if run.progress_bar and self.main:
             self.sinks.append(ProgressBar(config.num_iterations * self.steps_per_iteration,
                                           start_iteration * self.steps_per_iteration))
+        evaluation_compile = self.compile_evaluation_ahead(state) if start_iteration == 0 else None
         compile_seconds = self.executor.compile(state)
         self.emit(start_iteration, {"perf/compile_seconds": compile_seconds})
+        if evaluation_compile is not None:
+            evaluation_compile.join()
         if start_iteration == 0 and run.num_evals > 1:
             self.start_evaluation(0, state)
 

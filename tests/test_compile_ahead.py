@@ -1,0 +1,31 @@
+"""The inline evaluation compiles in a thread beside the iteration's compile, and only there."""
+
+import logging
+
+import jax
+import pytest
+
+from jaxrose.config import replace
+from jaxrose.train import train
+
+
+@pytest.fixture
+def compile_log(caplog):
+    """Every compilation JAX logs, in any thread (`jax.log_compiles` alone is this thread's)."""
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            yield caplog
+    finally:
+        jax.config.update("jax_log_compiles", False)
+
+
+def test_the_evaluation_compiles_once_beside_the_iteration(tiny_config, tmp_path, compile_log):
+    config = replace(tiny_config, **{"run.out_dir": str(tmp_path), "run.seed": 7})
+    result = train(config)
+    compiles = [(r.threadName, r.getMessage()) for r in compile_log.records if r.getMessage().startswith("Compiling")]
+    evaluation = [thread for thread, message in compiles if message.startswith("Compiling jit(evaluate)")]
+    assert evaluation == ["jaxrose-compile-evaluation"], [c[0] + ": " + c[1][:40] for c in compiles]
+    assert any(message.startswith("Compiling jit(_iteration)") for _, message in compiles)
+    assert len(result.evaluations) == config.run.num_evals  # every evaluation ran, the first at step 0
+    assert result.evaluations[0]["env_steps"] == 0
