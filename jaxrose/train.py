@@ -200,7 +200,7 @@ class _TrainingLoop:
         training would otherwise compile only after it (each took 20-45 s on the H200 for MJX presets,
         BENCHMARKS.md). jit finds the program this compiled (the same abstract arguments), so nothing is
         compiled twice; a failure here is left to the real call, which raises it where it belongs."""
-        if self.remote is not None or self.run_config.eval_mode == "process" or self.run_config.num_evals <= 1:
+        if self.remote is not None or self.run_config.eval_mode == "process":
             return None
         from jaxrose.precompile import abstract
 
@@ -262,12 +262,17 @@ class _TrainingLoop:
         if run.progress_bar and self.main:
             self.sinks.append(ProgressBar(config.num_iterations * self.steps_per_iteration,
                                           start_iteration * self.steps_per_iteration))
-        evaluation_compile = self.compile_evaluation_ahead(state) if start_iteration == 0 else None
+        evaluate_first = start_iteration == 0 and run.num_evals > 1
+        # The evaluation before training compiles beside the iteration's compile: in a thread (inline), or
+        # in the evaluation process, which gets its parameters before this process compiles.
+        evaluation_compile = self.compile_evaluation_ahead(state) if evaluate_first else None
+        if evaluate_first and self.remote is not None:
+            self.start_evaluation(0, state)
         compile_seconds = self.executor.compile(state)
         self.emit(start_iteration, {"perf/compile_seconds": compile_seconds})
         if evaluation_compile is not None:
             evaluation_compile.join()
-        if start_iteration == 0 and run.num_evals > 1:
+        if evaluate_first and self.remote is None:
             self.start_evaluation(0, state)
 
         iteration_seconds: list[float] = []
