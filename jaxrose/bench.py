@@ -78,6 +78,9 @@ class BenchConfig:
                                         "`jaxrose tune` first, so it is asked for by name)", _comma_list)
     spread_processes: int = _setting(2, "group processes of the `spread` system (one env group each)", int)
     tune_iterations: int = _setting(5, "iterations per measurement in the `tuned` system's `jaxrose tune`", int)
+    tune_max_candidates: int = _setting(
+        4, "planner candidates the `tuned` system's `jaxrose tune` measures at most per round (its "
+           "max_candidates); fewer shortens the tuning", int)
     tune_groups: bool = _setting(True, "whether the `tuned` system's `jaxrose tune` tries spreading the rollout over "
                                        "group processes (the `groups` switch)", _boolean)
     tuned_plan: Optional[str] = _setting(
@@ -108,6 +111,8 @@ class BenchConfig:
                               f"got {','.join(self.systems) or 'nothing'} (unknown: {','.join(unknown)}).")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be >= 1, got {self.repeats}.")
+        if self.tune_max_candidates < 0:
+            raise ConfigError(f"--tune-max-candidates must be >= 0, got {self.tune_max_candidates}.")
         if self.tuned_plan is not None and not os.path.isfile(self.tuned_plan):
             raise ConfigError(f"--tuned-plan {self.tuned_plan!r} is not a file; give a plan saved by `jaxrose tune` "
                               f"(plans/<preset>/plan.json) or leave it out to tune in the run.")
@@ -316,19 +321,21 @@ def run_spread(config, sampler, processes: int) -> dict:
     return summary
 
 
-def run_tuned(config, sampler, tune_iterations: int, groups: bool = True, plan_path: Optional[str] = None) -> dict:
+def run_tuned(config, sampler, tune_iterations: int, groups: bool = True, plan_path: Optional[str] = None,
+              max_candidates: int = 4) -> dict:
     """`jaxrose tune` with every switch on, then training with the plan it kept and evaluation in its
     own process, all in one fresh process (it joins MPS before its GPU starts). The summary carries
     the tuning time and every candidate tried, kept or not; the steady window excludes the tuning.
-    With `plan_path` (a plan tuned earlier) it trains with that plan and tunes nothing."""
+    With `plan_path` (a plan tuned earlier) it trains with that plan and tunes nothing. `max_candidates`
+    is tune's limit on the planner candidates measured per round."""
     from jaxrose.config import replace
 
     return _run_in_child("_tuned_child", replace(config, **{"run.eval_mode": "process"}), sampler,
-                         extra=(tune_iterations, groups, plan_path and os.path.abspath(plan_path)))
+                         extra=(tune_iterations, groups, plan_path and os.path.abspath(plan_path), max_candidates))
 
 
 def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, groups: bool,
-                 plan_path: Optional[str] = None) -> None:
+                 plan_path: Optional[str] = None, max_candidates: int = 4) -> None:
     import pickle
     import tempfile
 
@@ -347,10 +354,11 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
         else:
             from jaxrose.tune import Switches, tune
 
-            tuned = tune(config, Switches(groups=groups), iterations=tune_iterations)
+            tuned = tune(config, Switches(groups=groups), max_candidates, iterations=tune_iterations)
             plan, plan_path = tuned.plan, os.path.join(tmp, "plan.json")
             plan.save(plan_path)
             tuning = {"tuning_seconds": tuned.tuning_seconds, "iterations_per_measurement": tune_iterations,
+                      "max_candidates": max_candidates,
                       "switches": dataclasses.asdict(Switches(groups=groups)),
                       "baseline_seconds": tuned.baseline_seconds, "final_seconds": tuned.final_seconds,
                       "noise_seconds": tuned.noise_seconds, "speedup_per_iteration": tuned.speedup,
@@ -674,7 +682,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     systems[name] = run_spread(config, sampler, bench.spread_processes)
                 elif name == "tuned":
                     systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups,
-                                              bench.tuned_plan)
+                                              bench.tuned_plan, bench.tune_max_candidates)
                 elif name == "async":
                     systems[name] = run_async(config, sampler, bench.async_group_levels)
                 else:
