@@ -14,6 +14,9 @@ from jaxrose.presets import get_preset
 BENCH_ARGS = ["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
               "--repeats", "3", "--systems", "brax,sim,sequential,overlapped,spread,tuned,async",
               "--tune-iterations", "1", "--tune-groups", "false",  # tune's group trials are tested in test_tune.py
+              # No planner candidate (the overlap on a helper process, tested in test_tune.py and by the saved
+              # plan below): tune still measures the baseline and its rollout-loop unrolling.
+              "--tune-max-candidates", "0",
               # The async system runs its resource manager among these levels (one actor, lag <= 3): one run
               # checks both the async summary and the manager's decisions.
               "--async-group-levels", "1,2"]
@@ -122,6 +125,10 @@ def test_tuned_system_reports_its_tuning_and_keeps_the_same_results(bench_run):
     assert tuning["switches"]["groups"] is False and tuning["switches"]["overlap"] is True
     assert tuning["candidates_tried"] == len(tuning["trials"]) >= tuning["candidates_kept"]
     assert all({"description", "kept", "reason"} <= set(t) for t in tuning["trials"])
+    # --tune-max-candidates 0 reached tune: no planner candidate was tried, only the rollout-loop unrolling.
+    assert tuning["max_candidates"] == 0
+    assert [t["description"] for t in tuning["trials"] if t["measured_seconds"] is not None] == \
+        ["unroll loop rollout_step"]
     assert tuned["plan"]
     # Whatever plan tune kept computes what the sequential executor computes.
     assert tuned["eval_returns"] == sequential["eval_returns"]
@@ -166,6 +173,17 @@ def test_async_system_with_group_levels_runs_its_resource_manager_within_them(be
     assert decisions and decisions[0]["kind"] == "initial", decisions
     assert {d["kind"] for d in decisions} <= {"initial", "sm_quota", "restart", "cores", "groups", "resize"}, decisions
     assert all(d["after"] in (1, 2) for d in decisions if d["kind"] in ("groups", "resize")), decisions
+
+
+def test_tune_max_candidates_defaults_to_tunes_limit_and_must_not_be_negative():
+    import inspect
+
+    from jaxrose.tune import tune
+
+    assert parse_args([]).tune_max_candidates == inspect.signature(tune).parameters["max_candidates"].default == 4
+    assert parse_args(["--tune-max-candidates", "2"]).tune_max_candidates == 2
+    with pytest.raises(ConfigError, match="--tune-max-candidates must be >= 0, got -1"):
+        parse_args(["--tune-max-candidates", "-1"])
 
 
 def test_tuned_plan_must_be_a_file():
