@@ -21,7 +21,6 @@ from jaxrose.config import TrainConfig
 from jaxrose.graph import build_graph
 from jaxrose.mps import clients_unavailable_reason
 from jaxrose.plan import Plan, PlanError, sequential_plan, spread_rollout, unroll_loop, with_quota
-from jaxrose.plan_executor import PlanExecutor
 from jaxrose.planner import rank
 from jaxrose.ppo_program import ITERATION_INPUTS
 from jaxrose.program import Loop
@@ -134,8 +133,7 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
         raise ValueError("tune: `measurements` belongs to a different config; share one Measurements only "
                          "among tune calls on the same config (preset and seed).")
     reused_before = measurements.reused
-    executor = PlanExecutor(config, sequential_plan(_program(config)))
-    program = executor.program
+    program = _program(config)
     graph = build_graph(program, ITERATION_INPUTS)
     current = sequential_plan(program)
     # Noise: the same plan measured twice; a change must beat the current plan by more than this.
