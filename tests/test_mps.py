@@ -184,11 +184,14 @@ def test_tuning_skips_quota_trials_that_could_not_take_effect(monkeypatch, tmp_p
 
     _fake_mps_present(monkeypatch, tmp_path)
     monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: True)
-    monkeypatch.setattr(tune, "measure_plan", lambda *a, **k: pytest.fail("a quota trial was measured"))
+
+    def measure(plan):
+        pytest.fail("a quota trial was measured")
+
     program = SequentialExecutor(tiny_config).program
     plan = _overlap_tail(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS), "reduce_metrics")
     trials = []
-    kept, seconds = tune._tune_quotas(tiny_config, plan, 0.5, 0.01, tune.Switches(), 2, trials)
+    kept, seconds = tune._tune_quotas(tiny_config, measure, plan, 0.5, 0.01, tune.Switches(), trials)
     assert kept is plan and seconds == 0.5
     assert [t.description for t in trials] == ["SM quotas"] and not trials[0].kept
     assert trials[0].reason.startswith("skipped: this process initialised its GPU before the MPS daemon")
