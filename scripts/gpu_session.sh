@@ -60,11 +60,15 @@
 set -u
 . scripts/gpu_setup.sh || exit 1
 out=${OUT:-/tmp/out}
-start_bg() {  # NAME ARGS...: `jaxrose ARGS...` detached, logging to /tmp/bg/NAME
-  local name=$1; shift; mkdir -p "/tmp/bg/$name"
-  setsid nohup sh -c "python3 -m jaxrose.cli $* > /tmp/bg/$name/log 2>&1; echo \$? > /tmp/bg/$name/exit" \
+detach() {  # NAME COMMAND...: COMMAND detached (setsid) with OUT=/tmp/bg/NAME/out, logging to /tmp/bg/NAME/log,
+  # its exit status in /tmp/bg/NAME/exit (what `collect NAME` waits for)
+  local name=$1; shift; rm -rf "/tmp/bg/$name"; mkdir -p "/tmp/bg/$name/out"
+  OUT="/tmp/bg/$name/out" setsid nohup sh -c "$(printf "%q " "$@")> /tmp/bg/$name/log 2>&1; echo \$? > /tmp/bg/$name/exit" \
     > /dev/null 2>&1 < /dev/null &
-  echo "started $name (pid $!)"
+  echo "started $name: $* (pid $!)"
+}
+start_bg() {  # NAME ARGS...: `jaxrose ARGS...` detached
+  local name=$1; shift; detach "$name" python3 -m jaxrose.cli "$@"
 }
 case "${1:?stage}" in
   mps) timeout 200 python3 scripts/gpu_mps_check.py > "$out/mps.json" 2> "$out/mps.log"; cat "$out/mps.json" ;;
@@ -138,7 +142,7 @@ case "${1:?stage}" in
           --out="$out/probe_companion.json" > "$out/probe_companion.log" 2>&1; grep "^{" "$out/probe_companion.log" | tail -n 1 ;;
   scale) timeout 580 python3 scripts/gpu_scale_check.py "${2:-ant-mlp}" --gpus="${3:-2}" --steps="${4:-10000000}" \
           --out="$out/scale.json" > "$out/scale.log" 2>&1; grep "^{" "$out/scale.log" | tail -n 1 ;;
-  suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS]; each bench bounded, the bundle rewritten after each
+  suite) # SPEC: comma list of PRESET:STEPS:SECONDS[:EVALS[:SYSTEMS]]; each bench bounded, the bundle rewritten after each
         mkdir -p "$out/suite"; systems="${3:-brax,sim,sequential}"
         for entry in ${2//,/ }; do
           IFS=: read -r p steps limit evals entry_systems <<< "$entry"
@@ -163,15 +167,13 @@ case "${1:?stage}" in
   bg) name=${2:?name}; shift 2; start_bg "$name" "$@" ;;
   bgstage) # NAME STAGE [ARGS...]: another stage detached in /tmp/bg/NAME (it outlives one call): follow with
         # `collect NAME`; its $OUT is /tmp/bg/NAME/out. E.g. bgstage suite suite SPEC; bgstage nb notebooks ant-mlp
-        name=${2:?name}; shift 2; rm -rf "/tmp/bg/$name"; mkdir -p "/tmp/bg/$name/out"
-        quoted=$(printf " %q" "$@")
-        OUT="/tmp/bg/$name/out" setsid nohup sh -c "bash scripts/gpu_session.sh$quoted > /tmp/bg/$name/log 2>&1; \
-          echo \$? > /tmp/bg/$name/exit" > /dev/null 2>&1 < /dev/null &
-        echo "started $name: $* (pid $!)" ;;
+        name=${2:?name}; shift 2; detach "$name" bash scripts/gpu_session.sh "$@" ;;
   notebooks) # [PRESET] [SEEDS]: the three notebooks at FULL settings (scripts/run_notebooks.py): quickstart trains
         # PRESET (default ant-mlp) to its budget, ablations runs every arm on PRESET for SEEDS (default [0]). The GPU
-        # image has no Jupyter: carry .whl-nb/ too, made here with the same `pip download` flags as
-        # ../shared/tools/offline-wheels.sh but with dependencies: ... -d .whl-nb nbclient nbformat ipykernel
+        # image has no Jupyter: carry .whl-nb/ too, made here (dependencies included) with
+        #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+        #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        #     --platform manylinux1_x86_64 -d .whl-nb nbclient nbformat ipykernel
         if [ ! -f /tmp/site/.jaxrose-nb-wheels ]; then
           python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             .whl-nb/*.whl && touch /tmp/site/.jaxrose-nb-wheels || exit 1
