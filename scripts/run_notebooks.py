@@ -60,6 +60,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/notebooks"))
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     options = parser.parse_args(argv)
+    missing = [str(path) for path in options.notebooks if not path.is_file()]
+    if missing:
+        raise SystemExit(f"no such notebook: {', '.join(missing)} (give paths to .ipynb files, e.g. notebooks/*.ipynb)")
     options.out.mkdir(parents=True, exist_ok=True)
     results = [run(path.resolve(), options.assignments, options.out, options.timeout) for path in options.notebooks]
     (options.out / "notebooks.json").write_text(json.dumps(results, indent=1))

@@ -43,6 +43,12 @@ def test_parameters_are_injected_and_a_failure_is_reported(tmp_path):
     assert any(o.get("ename") == "AssertionError" for o in executed.cells[3].outputs)  # the partial run is kept
 
 
+def test_a_missing_notebook_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="no such notebook: .*nope.ipynb"):
+        _script().main([str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
 def test_a_malformed_override_names_the_form(tmp_path):
     path = tmp_path / "x.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("A = 1")]), path)
