@@ -10,10 +10,18 @@ avoids a full reset (expensive in MJX) on every step. Unlike brax, the wrappers 
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 
 from envs.core import Env, State
+
+# DomainRandomization swaps an attribute of a shared env object while reset or step traces; two
+# threads tracing at once (train.py compiles the evaluation beside the iteration) would see each
+# other's traced values. One lock for every instance, as several may wrap the same env; reentrant,
+# as they may be stacked.
+_SWAP_LOCK = threading.RLock()
 
 
 class Wrapper(Env):
@@ -149,12 +157,13 @@ class DomainRandomization(Wrapper):
 
     def _with(self, value, fn, *args):
         target = self.env.unwrapped
-        base = getattr(target, self.attribute)
-        setattr(target, self.attribute, value if self.apply is None else self.apply(base, value))
-        try:
-            return fn(*args)
-        finally:
-            setattr(target, self.attribute, base)
+        with _SWAP_LOCK:
+            base = getattr(target, self.attribute)
+            setattr(target, self.attribute, value if self.apply is None else self.apply(base, value))
+            try:
+                return fn(*args)
+            finally:
+                setattr(target, self.attribute, base)
 
     def reset(self, key: jax.Array) -> State:
         sample_key, reset_key = jax.random.split(key)

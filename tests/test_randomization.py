@@ -138,3 +138,39 @@ def test_randomize_from_the_command_line():
 
     config = tyro.cli(TrainConfig, args=["--env.name", "arm_push", "--env.randomize", "friction", "actuator_gain"])
     assert config.env.randomize == ("friction", "actuator_gain")
+
+
+class SlowPendulum(type(envs.make("pendulum"))):
+    """The pendulum whose step reads `max_torque` only after a pause, so a second thread tracing at
+    the same time (as train.py's compile of the evaluation beside the iteration does) swaps its own
+    value in before this one reads it unless the swap is serialized."""
+
+    def step(self, state, action):
+        import time
+        time.sleep(0.3)
+        return super().step(state, action)
+
+
+def test_two_threads_tracing_at_once_each_see_their_own_value():
+    import threading
+    env = GroupWrapper(DomainRandomization(SlowPendulum(), "max_torque", uniform_torque), 1, 4)
+    state = jax.jit(env.reset)(jax.random.PRNGKey(2))
+    action = jnp.ones((1, 4, 1))
+    expected = env.step(state, action)  # one thread: the reference
+    results, errors = {}, []
+
+    def trace(name):
+        try:  # a fresh jit per thread, so each traces
+            results[name] = jax.jit(lambda s, a: env.step(s, a))(state, action)
+        except Exception as error:  # noqa: BLE001 - the leaked tracer is what this test looks for
+            errors.append(error)
+
+    threads = [threading.Thread(target=trace, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    for name in ("a", "b"):
+        np.testing.assert_allclose(results[name].pipeline_state, expected.pipeline_state, rtol=1e-6)
+    assert env.unwrapped.max_torque == 2.0
