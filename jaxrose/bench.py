@@ -171,10 +171,16 @@ def run_sim_ceiling(config, repeats: int, sampler) -> dict:
     """Steps the training-wrapped env for one iteration's worth of steps per call, with zero actions
     (DESIGN.md's trivial policy: the rollout ceiling) and again with uniform random actions in
     [-1, 1] (`random_actions`): MJX's solver iterates until it converges, so a step costs more when
-    the actions move the robot, as an untrained policy's do (measured on the H200: pusher 3.2x)."""
+    the actions move the robot, as an untrained policy's do (measured on the H200: pusher 3.2x).
+    The env is the run's: randomized per env when the preset asks (the same models as training)."""
     zero = _sim_rollout(config, repeats, sampler, random_actions=False)
     zero["random_actions"] = _sim_rollout(config, repeats, sampler, random_actions=True)
     return zero
+
+
+# Calls beyond `repeats` until the timed window spans this many sampling intervals: a classic-control
+# call takes milliseconds, shorter than one 100 ms GPM sample, and would get no SM figure.
+MIN_SAMPLES_PER_WINDOW = 5
 
 
 def _sim_rollout(config, repeats: int, sampler, random_actions: bool) -> dict:
@@ -182,9 +188,10 @@ def _sim_rollout(config, repeats: int, sampler, random_actions: bool) -> dict:
     import jax.numpy as jnp
 
     import envs
+    from envs.randomization import randomize
     from envs.wrappers import wrap_for_training
 
-    env = envs.make(config.env.name)
+    env = randomize(envs.make(config.env.name), config.env.randomize)
     train_env = wrap_for_training(env, config.env.episode_length, 1, config.env.num_envs)
     steps = config.unrolls_per_iteration * config.ppo.unroll_length
     shape = train_env.batch_shape + (env.action_size,)
@@ -209,7 +216,8 @@ def _sim_rollout(config, repeats: int, sampler, random_actions: bool) -> dict:
     label = "sim_random" if random_actions else "sim"
     t0 = sampler.mark(f"{label}/steady_start")
     seconds = []
-    for _ in range(repeats):
+    min_window = MIN_SAMPLES_PER_WINDOW * sampler.interval_s if sampler.available else 0.0
+    while len(seconds) < repeats or sum(seconds) < min_window:
         start = time.perf_counter()
         carry = jax.block_until_ready(compiled(*carry))
         seconds.append(time.perf_counter() - start)

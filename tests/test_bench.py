@@ -361,3 +361,41 @@ def test_parent_leaves_gpu_memory_to_systems_in_child_processes(monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.3")  # the user's own choice is kept
     assert not share_gpu_memory_with_children(("overlapped",))
     assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ
+
+
+class AvailableSamplerFake:
+    """Models a GPU's activity sampler (GPM present, 100 ms samples) on the CPU: marks are clock times."""
+
+    available, interval_s = True, 0.1
+
+    def mark(self, label):
+        import time
+        return time.perf_counter()
+
+    def mean(self, t0, t1):
+        return {"window_seconds": t1 - t0}
+
+
+def test_sim_ceiling_window_spans_several_samples_and_uses_the_runs_randomized_env(monkeypatch):
+    """A classic-control call lasts milliseconds: with a sampler present the ceiling keeps calling until
+    its window holds MIN_SAMPLES_PER_WINDOW samples; and it steps the env the run trains on."""
+    import dataclasses
+
+    import envs.randomization
+    from jaxrose import bench
+
+    asked = []
+    monkeypatch.setattr(envs.randomization, "randomize", lambda env, names: asked.append(tuple(names)) or env)
+    config = get_preset("point-mass")
+    config = dataclasses.replace(config, env=dataclasses.replace(config.env, num_envs=16, randomize=("mass",)),
+                                 ppo=dataclasses.replace(config.ppo, unroll_length=4, batch_size=16,
+                                                         num_minibatches=1))
+    sampler = AvailableSamplerFake()
+    summary = bench._sim_rollout(config, 2, sampler, random_actions=False)
+    assert asked == [("mass",)]
+    assert len(summary["call_seconds"]) > 2  # milliseconds each: more than `repeats` calls were needed
+    window = sum(summary["call_seconds"])
+    assert window >= bench.MIN_SAMPLES_PER_WINDOW * sampler.interval_s
+    assert summary["sm"]["window_seconds"] >= window
+    sampler.available = False  # no sampler: exactly `repeats` calls, as before
+    assert len(bench._sim_rollout(config, 2, sampler, random_actions=False)["call_seconds"]) == 2
