@@ -44,6 +44,7 @@
 #           suite.tar.gz rewritten after each preset
 #   bgstage NAME STAGE [ARGS]: any stage detached in /tmp/bg/NAME, for more than one call: follow with `collect NAME`
 #   notebooks [PRESET] [SEEDS]: the notebooks at FULL settings (needs .whl-nb carried; with bgstage: ~15-25 min)
+#   gpu-tests [PYTEST ARGS]: the tests marked gpu (each MJX env's contract test) with JAX on the GPU (bgstage: ~10-15 min)
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
 #   tuned   [PRESET] [STEPS] [PLAN]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
 #           tuning time and trials included (ant-mlp 15M: ~9 min); with PLAN (a saved plan, e.g. the H200
@@ -153,6 +154,11 @@ case "${1:?stage}" in
           grep "\[bench\]" "$out/suite/$p.log"
           tar -czf "$out/suite.tar.gz" -C "$out" suite
         done; rm -rf "$out/suite" ;;
+  gpu-tests) # [PYTEST ARGS]: the tests marked gpu (every registered MJX env's contract, tests/test_envs.py) on the GPU;
+        # 30+ MJX envs compile in turn (start with bgstage); junit XML and the log come back
+        shift; JAX_PLATFORMS=cuda timeout 1500 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=0 \
+          --junitxml="$out/gpu-tests.xml" "${@:-tests/test_envs.py}" > "$out/gpu-tests.log" 2>&1; echo "pytest exit $?"
+        tail -5 "$out/gpu-tests.log" ;;
   arm) timeout 400 python3 -m jaxrose.cli train --preset arm-push-mlp --run.no-progress-bar --run.out-dir "$out/arm" \
          > "$out/arm.log" 2>&1; grep -i "eval\|error" "$out/arm.log" | tail -15;
        tar -czf "$out/arm.tar.gz" -C "$out" arm/metrics.jsonl arm/learning_curve.png && rm -rf "$out/arm" ;;
