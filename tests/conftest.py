@@ -16,7 +16,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_opt
 # Identical programs built by different executors compile once per test session, in this process and in
 # every worker process the tests spawn (actors, evaluation workers, group processes, bench children):
 # they inherit the cache through the environment, as `run.compile_cache` hands it to workers.
-os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrose-test-cache-")
+# pytest-xdist's workers inherit the controller's environment: one cache for the whole run.
+if "JAXROSE_TEST_COMPILE_CACHE" not in os.environ:
+    os.environ["JAXROSE_TEST_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="jaxrose-test-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["JAXROSE_TEST_COMPILE_CACHE"]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 import jax  # noqa: E402
