@@ -44,7 +44,7 @@
 #           suite.tar.gz rewritten after each preset
 #   bgstage NAME STAGE [ARGS]: any stage detached in /tmp/bg/NAME, for more than one call: follow with `collect NAME`
 #   notebooks [PRESET] [SEEDS]: the notebooks at FULL settings (needs .whl-nb carried; with bgstage: ~15-25 min)
-#   gpu-tests [PYTEST ARGS]: the tests marked gpu (each MJX env's contract test) with JAX on the GPU (bgstage: ~10-15 min)
+#   gpu-tests [PYTEST ARGS]: the tests marked gpu (each MJX env's contract test) with JAX on the GPU, 8 pytest workers
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
 #   tuned   [PRESET] [STEPS] [PLAN]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
 #           tuning time and trials included (ant-mlp 15M: ~9 min); with PLAN (a saved plan, e.g. the H200
@@ -154,9 +154,11 @@ case "${1:?stage}" in
           grep "\[bench\]" "$out/suite/$p.log"
           tar -czf "$out/suite.tar.gz" -C "$out" suite
         done; rm -rf "$out/suite" ;;
-  gpu-tests) # [PYTEST ARGS]: the tests marked gpu (every registered MJX env's contract, tests/test_envs.py) on the GPU;
-        # 30+ MJX envs compile in turn (start with bgstage); junit XML and the log come back
-        shift; JAX_PLATFORMS=cuda timeout 1500 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=0 \
+  gpu-tests) # [PYTEST ARGS]: the tests marked gpu (every registered MJX env's contract, tests/test_envs.py) on the GPU,
+        # in GPU_TEST_WORKERS pytest-xdist processes (default 8; carry its wheels: offline-wheels.sh .whl
+        # pytest-xdist==3.8.0 execnet==2.1.1), none preallocating GPU memory; junit XML and the log come back
+        shift; XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_PLATFORMS=cuda timeout 560 python3 -m pytest -q -m gpu \
+          -p no:cacheprovider -n "${GPU_TEST_WORKERS:-8}" --dist load --durations=0 \
           --junitxml="$out/gpu-tests.xml" "${@:-tests/test_envs.py}" > "$out/gpu-tests.log" 2>&1; echo "pytest exit $?"
         tail -5 "$out/gpu-tests.log" ;;
   arm) timeout 400 python3 -m jaxrose.cli train --preset arm-push-mlp --run.no-progress-bar --run.out-dir "$out/arm" \
