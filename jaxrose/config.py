@@ -72,6 +72,10 @@ class NetworkConfig:
     transformer_depth: int = 2
     transformer_width: int = 128
     transformer_heads: int = 4
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The networks' matmuls and activations: bfloat16 runs them on the GPU's bf16 tensor cores (as large
+    embodied policies are served); parameters, optimizer state, logits, log-probabilities and the loss
+    stay float32."""
 
     def __post_init__(self):
         for field in ("policy_hidden", "value_hidden"):
@@ -81,6 +85,8 @@ class NetworkConfig:
         _require(self.history >= 1, f"network.history must be >= 1, got {self.history}.")
         for field in ("transformer_depth", "transformer_width", "transformer_heads"):
             _require(getattr(self, field) >= 1, f"network.{field} must be >= 1, got {getattr(self, field)}.")
+        _require(self.compute_dtype in ("float32", "bfloat16"),
+                 f"network.compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}.")
         _require(self.transformer_width % self.transformer_heads == 0,
                  f"network.transformer_width ({self.transformer_width}) must be divisible by "
                  f"network.transformer_heads ({self.transformer_heads}).")

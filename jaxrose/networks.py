@@ -21,14 +21,16 @@ ACTIVATIONS: dict[str, Callable] = {"swish": nn.swish, "relu": nn.relu, "tanh": 
 class MLP(nn.Module):
     layer_sizes: Sequence[int]
     activation: Callable = nn.swish
+    dtype: Any = jnp.float32  # computation; parameters are float32 whatever this is
 
     @nn.compact
     def __call__(self, x):
         for i, size in enumerate(self.layer_sizes):
-            x = nn.Dense(size, name=f"hidden_{i}", kernel_init=jax.nn.initializers.lecun_uniform())(x)
+            x = nn.Dense(size, name=f"hidden_{i}", kernel_init=jax.nn.initializers.lecun_uniform(),
+                         dtype=self.dtype)(x)
             if i < len(self.layer_sizes) - 1:
                 x = self.activation(x)
-        return x
+        return x.astype(jnp.float32)
 
 
 class CausalTransformer(nn.Module):
@@ -44,20 +46,23 @@ class CausalTransformer(nn.Module):
     width: int
     heads: int
     out_size: int
+    dtype: Any = jnp.float32  # computation; parameters are float32 whatever this is
 
     @nn.compact
     def __call__(self, obs):
         tokens = obs.reshape(obs.shape[:-1] + (self.history, obs.shape[-1] // self.history))
-        x = nn.Dense(self.width, name="embed")(tokens)
-        x = x + self.param("positions", nn.initializers.normal(0.02), (self.history, self.width))
+        dtype = self.dtype
+        x = nn.Dense(self.width, name="embed", dtype=dtype)(tokens)
+        x = x + self.param("positions", nn.initializers.normal(0.02), (self.history, self.width)).astype(dtype)
         mask = nn.make_causal_mask(jnp.ones(tokens.shape[:-1], dtype=jnp.int32))
         for i in range(self.depth):
-            y = nn.LayerNorm(name=f"ln_attn_{i}")(x)
-            x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, name=f"attn_{i}")(y, y, mask=mask)
-            y = nn.LayerNorm(name=f"ln_mlp_{i}")(x)
-            y = nn.Dense(4 * self.width, name=f"mlp_up_{i}")(y)
-            x = x + nn.Dense(self.width, name=f"mlp_down_{i}")(nn.gelu(y))
-        return nn.Dense(self.out_size, name="head")(nn.LayerNorm(name="ln_out")(x[..., -1, :]))
+            y = nn.LayerNorm(name=f"ln_attn_{i}", dtype=dtype)(x)
+            x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, name=f"attn_{i}", dtype=dtype)(y, y, mask=mask)
+            y = nn.LayerNorm(name=f"ln_mlp_{i}", dtype=dtype)(x)
+            y = nn.Dense(4 * self.width, name=f"mlp_up_{i}", dtype=dtype)(y)
+            x = x + nn.Dense(self.width, name=f"mlp_down_{i}", dtype=dtype)(nn.gelu(y))
+        head = nn.Dense(self.out_size, name="head", dtype=dtype)(nn.LayerNorm(name="ln_out", dtype=dtype)(x[..., -1, :]))
+        return head.astype(jnp.float32)  # the distribution and the loss work in float32
 
 
 class Params(NamedTuple):
@@ -78,15 +83,16 @@ class ActorCritic(NamedTuple):
 def make_actor_critic(observation_size: int, action_size: int, config: NetworkConfig,
                       normalize_observations: bool = True) -> ActorCritic:
     activation = ACTIVATIONS[config.activation]
+    dtype = jnp.dtype(config.compute_dtype)
     if config.policy == "transformer":
         if observation_size % config.history:
             raise ValueError(f"The observation size {observation_size} is not {config.history} (network.history) "
                              f"whole observations; wrap the env with HistoryWrapper(env, network.history).")
         policy_net = CausalTransformer(config.history, config.transformer_depth, config.transformer_width,
-                                       config.transformer_heads, 2 * action_size)
+                                       config.transformer_heads, 2 * action_size, dtype)
     else:
-        policy_net = MLP(list(config.policy_hidden) + [2 * action_size], activation)
-    value_net = MLP(list(config.value_hidden) + [1], activation)
+        policy_net = MLP(list(config.policy_hidden) + [2 * action_size], activation, dtype)
+    value_net = MLP(list(config.value_hidden) + [1], activation, dtype)
     preprocess = normalization.normalize if normalize_observations else (lambda stats, obs: obs)
 
     def init(key):

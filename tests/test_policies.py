@@ -63,3 +63,39 @@ def test_transformer_preset_learns(tmp_path):
     result = train(config, write_outputs=False)
     first, last = result.evaluations[0]["eval/episode_return"], result.final_return
     assert last > first + 60.0, (first, last)
+
+
+@pytest.mark.parametrize("policy", ["mlp", "transformer"])
+def test_bfloat16_compute_keeps_float32_parameters_and_agrees_with_float32(policy):
+    """compute_dtype=bfloat16 runs the same parameters in bf16: float32 parameters, float32 logits and
+    log-probabilities, within bf16's precision of the float32 network; and the loss's gradient is float32."""
+    settings = dict(policy=policy, history=4 if policy == "transformer" else 1, transformer_depth=2,
+                    transformer_width=32, transformer_heads=4, policy_hidden=(64, 64), value_hidden=(64, 64))
+    obs_size = 3 * settings["history"]
+    full = make_actor_critic(obs_size, 2, NetworkConfig(**settings))
+    half = make_actor_critic(obs_size, 2, NetworkConfig(**settings, compute_dtype="bfloat16"))
+    params = full.init(jax.random.PRNGKey(0))
+    assert jax.tree.structure(params) == jax.tree.structure(half.init(jax.random.PRNGKey(0)))
+    assert {leaf.dtype for leaf in jax.tree.leaves(half.init(jax.random.PRNGKey(0)))} == {jnp.dtype(jnp.float32)}
+    stats = init_stats(obs_size)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (256, obs_size))
+    for fn in ("policy_logits", "value"):
+        exact, approx = getattr(full, fn)(params, stats, obs), getattr(half, fn)(params, stats, obs)
+        assert approx.dtype == jnp.float32 and approx.shape == exact.shape
+        assert not np.array_equal(approx, exact)  # bf16 really ran
+        scale = float(jnp.max(jnp.abs(exact)))
+        np.testing.assert_allclose(approx, exact, atol=0.05 * scale + 1e-3)
+    action, extras = half.act(params, stats, obs, jax.random.PRNGKey(2))
+    assert action.dtype == extras["log_prob"].dtype == jnp.float32
+    grads = jax.grad(lambda p: jnp.sum(half.value(p, stats, obs)))(params)
+    assert {leaf.dtype for leaf in jax.tree.leaves(grads.value)} == {jnp.dtype(jnp.float32)}
+
+
+def test_compute_dtype_is_validated_and_reaches_the_command_line():
+    with pytest.raises(ConfigError, match="network.compute_dtype"):
+        NetworkConfig(compute_dtype="float16")
+    import tyro
+
+    from jaxrose.config import TrainConfig
+    config = tyro.cli(TrainConfig, default=get_preset("point-mass"), args=["--network.compute-dtype", "bfloat16"])
+    assert config.network.compute_dtype == "bfloat16"
