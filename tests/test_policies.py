@@ -74,20 +74,20 @@ def test_bfloat16_compute_keeps_float32_parameters_and_agrees_with_float32(polic
     obs_size = 3 * settings["history"]
     full = make_actor_critic(obs_size, 2, NetworkConfig(**settings))
     half = make_actor_critic(obs_size, 2, NetworkConfig(**settings, compute_dtype="bfloat16"))
-    params = full.init(jax.random.PRNGKey(0))
-    assert jax.tree.structure(params) == jax.tree.structure(half.init(jax.random.PRNGKey(0)))
-    assert {leaf.dtype for leaf in jax.tree.leaves(half.init(jax.random.PRNGKey(0)))} == {jnp.dtype(jnp.float32)}
+    params, half_params = jax.jit(full.init)(jax.random.PRNGKey(0)), jax.jit(half.init)(jax.random.PRNGKey(0))
+    assert jax.tree.structure(params) == jax.tree.structure(half_params)
+    assert {leaf.dtype for leaf in jax.tree.leaves(half_params)} == {jnp.dtype(jnp.float32)}
     stats = init_stats(obs_size)
     obs = jax.random.normal(jax.random.PRNGKey(1), (256, obs_size))
     for fn in ("policy_logits", "value"):
-        exact, approx = getattr(full, fn)(params, stats, obs), getattr(half, fn)(params, stats, obs)
+        exact, approx = jax.jit(getattr(full, fn))(params, stats, obs), jax.jit(getattr(half, fn))(params, stats, obs)
         assert approx.dtype == jnp.float32 and approx.shape == exact.shape
         assert not np.array_equal(approx, exact)  # bf16 really ran
         scale = float(jnp.max(jnp.abs(exact)))
         np.testing.assert_allclose(approx, exact, atol=0.05 * scale + 1e-3)
-    action, extras = half.act(params, stats, obs, jax.random.PRNGKey(2))
+    action, extras = jax.jit(half.act)(params, stats, obs, jax.random.PRNGKey(2))
     assert action.dtype == extras["log_prob"].dtype == jnp.float32
-    grads = jax.grad(lambda p: jnp.sum(half.value(p, stats, obs)))(params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(half.value(p, stats, obs))))(params)
     assert {leaf.dtype for leaf in jax.tree.leaves(grads.value)} == {jnp.dtype(jnp.float32)}
 
 
