@@ -26,11 +26,14 @@ import dataclasses
 import datetime
 import json
 import os
+import contextlib
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -665,8 +668,36 @@ def compute_ratios(results: dict) -> list[dict]:
 # -- run everything -------------------------------------------------------------------------------
 
 
+class BenchInterrupted(BaseException):
+    """SIGTERM reached the bench (a time limit's `timeout`): the system running stops, the ones after it do
+    not start, and the outputs are written from what was measured. A BaseException, so that no
+    `except Exception` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops_the_bench(state: dict):
+    """While the bench runs, SIGTERM raises BenchInterrupted once (and records it in `state`); a second
+    SIGTERM, say while the outputs are written, kills as usual."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        state["interrupted"] = f"signal {signal.Signals(signum).name}"
+        raise BenchInterrupted(state["interrupted"])
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
-    """Runs the selected systems and writes results.json, results.md and results.png; returns the results."""
+    """Runs the selected systems and writes results.json, results.md and results.png; returns the results.
+
+    Cut short by SIGTERM, it still writes them, from the systems measured so far (`results['interrupted']`)."""
     from jaxrose.profiler import GpuActivitySampler
 
     share_gpu_memory_with_children(bench.systems)
@@ -674,39 +705,51 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     config = train_config(bench)
     systems: dict[str, dict] = {}
     update = train_result = None
-    with GpuActivitySampler() as sampler:
+    stop: dict = {}
+    with _sigterm_stops_the_bench(stop), GpuActivitySampler() as sampler:
         origin = sampler.mark("bench/start")
-        for name in bench.systems:
-            _log(f"{SYSTEM_LABELS[name]}: {config.env.name}, {config.run.total_env_steps:,} env steps, "
-                 f"{config.run.num_evals} evaluations")
-            try:
-                if name == "brax":
-                    systems[name] = run_brax(config, sampler)
-                elif name == "sim":
-                    systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
-                elif name == "overlapped":
-                    systems[name] = run_overlapped(config, sampler)
-                elif name == "spread":
-                    systems[name] = run_spread(config, sampler, bench.spread_processes)
-                elif name == "tuned":
-                    systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups,
-                                              bench.tuned_plan, bench.tune_max_candidates)
-                elif name == "async":
-                    systems[name] = run_async(config, sampler, bench.async_group_levels)
-                else:
-                    systems[name], train_result = run_sequential(config, sampler)
-            except Exception as e:  # one failed system must not lose the others' measurements
-                traceback.print_exc()
-                systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
-            _log(f"{SYSTEM_LABELS[name]}: {_one_line(systems[name])}")
-            _write_partial(bench, systems)  # a run cut short by a time limit keeps what it measured
-        if systems.get("sim", {}).get("status") == "ok":
-            # Reuse the trained executor when there is one: no second env build or trace.
-            executor, state = (train_result.executor, train_result.state) if train_result else (None, None)
-            try:
-                update = time_learner_update(config, bench.repeats, executor, state)
-            except Exception:  # the limits are lost, the systems' measurements are not
-                traceback.print_exc()
+        try:
+            for name in bench.systems:
+                if stop:  # a system that caught even BenchInterrupted
+                    break
+                _log(f"{SYSTEM_LABELS[name]}: {config.env.name}, {config.run.total_env_steps:,} env steps, "
+                     f"{config.run.num_evals} evaluations")
+                try:
+                    if name == "brax":
+                        systems[name] = run_brax(config, sampler)
+                    elif name == "sim":
+                        systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
+                    elif name == "overlapped":
+                        systems[name] = run_overlapped(config, sampler)
+                    elif name == "spread":
+                        systems[name] = run_spread(config, sampler, bench.spread_processes)
+                    elif name == "tuned":
+                        systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups,
+                                                  bench.tuned_plan, bench.tune_max_candidates)
+                    elif name == "async":
+                        systems[name] = run_async(config, sampler, bench.async_group_levels)
+                    else:
+                        systems[name], train_result = run_sequential(config, sampler)
+                except BenchInterrupted as e:
+                    systems[name] = {"status": "error", "reason": f"interrupted ({e}) while running"}
+                except Exception as e:  # one failed system must not lose the others' measurements
+                    traceback.print_exc()
+                    systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+                _log(f"{SYSTEM_LABELS[name]}: {_one_line(systems[name])}")
+                _write_partial(bench, systems)  # a run cut short by a time limit keeps what it measured
+            if systems.get("sim", {}).get("status") == "ok" and not stop:
+                # Reuse the trained executor when there is one: no second env build or trace.
+                executor, state = (train_result.executor, train_result.state) if train_result else (None, None)
+                try:
+                    update = time_learner_update(config, bench.repeats, executor, state)
+                except BenchInterrupted:
+                    _log(f"interrupted ({stop['interrupted']}) while timing the learner update: no synchronous limit")
+                except Exception:  # the limits are lost, the systems' measurements are not
+                    traceback.print_exc()
+        except BenchInterrupted:  # between two steps: what was measured stands
+            pass
+        for name in bench.systems:  # those the interruption kept from starting
+            systems.setdefault(name, {"status": "skipped", "reason": f"not started: {stop.get('interrupted')}"})
         sampler.mark("bench/end")
 
     results = {
@@ -720,6 +763,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
         "limits": compute_limits(config, systems.get("sim"), update),
         "threshold": time_to_threshold(systems, bench.return_threshold),
     }
+    if stop:
+        results["interrupted"] = stop["interrupted"]
     results["ratios"] = compute_ratios(results)
     results["gpu_activity"] = {
         "samples": [[s.t - origin, s.sm_activity_pct, s.sm_occupancy_pct] for s in sampler.samples()],
@@ -824,6 +869,9 @@ def main(args: list[str]) -> None:
     bench = parse_args(args)
     results = run_bench(bench, command=shlex.join(["jaxrose", "bench", *args]))
     sys.stdout.write(render_markdown(results))
+    if results.get("interrupted"):
+        _log(f"interrupted ({results['interrupted']}): the outputs hold what was measured before it")
+        raise SystemExit(128 + signal.SIGTERM)
     failed = [name for name, s in results["systems"].items() if s.get("status") not in ("ok", "skipped")]
     if failed:
         _log(f"failed systems: {', '.join(failed)} (see results.json for the reasons)")

@@ -137,6 +137,9 @@ def _notes(results: dict) -> list[str]:
         "start (env construction included) to the start of its steady window: every compilation, the first "
         "epoch and the first two evaluations.",
     ]
+    if results.get("interrupted"):
+        notes.append(f"- interrupted ({results['interrupted']}): systems after it did not start, and the limits "
+                     "need the learner update's timing, which may be missing.")
     sampling = results["meta"]["sm_sampling"]
     if not sampling["available"]:
         notes.append(f"- SM activity not measured: {sampling['reason']}")

@@ -399,3 +399,36 @@ def test_sim_ceiling_window_spans_several_samples_and_uses_the_runs_randomized_e
     assert summary["sm"]["window_seconds"] >= window
     sampler.available = False  # no sampler: exactly `repeats` calls, as before
     assert len(bench._sim_rollout(config, 2, sampler, random_actions=False)["call_seconds"]) == 2
+
+
+def test_sigterm_writes_what_was_measured_and_exits_143(tmp_path):
+    """A time limit's SIGTERM (the GPU session's `timeout`) mid-run: the bench stops the system running,
+    starts no other, and still writes results.json and results.md from the systems it finished."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "cut"
+    args = ["--preset", "point-mass", "--total-env-steps", "40960", "--num-evals", "3", "--num-eval-envs", "8",
+            "--repeats", "2", "--systems", "sim,sequential,brax", "--out", str(out)]
+    child = subprocess.Popen([sys.executable, "-m", "jaxrose.cli", "bench", *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in child.stdout:  # the sequential system's start comes after the ceiling is measured
+            lines.append(line)
+            if line.startswith("[bench] jaxrose sequential: point_mass"):
+                break
+        child.send_signal(signal.SIGTERM)
+        output = "".join(lines) + child.communicate(timeout=120)[0]
+    finally:
+        child.kill()
+    assert child.returncode == 143, output
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] == "signal SIGTERM"
+    systems = results["systems"]
+    assert systems["sim"]["status"] == "ok" and _positive(systems["sim"]["steady_sps"])
+    assert systems["sequential"]["status"] == "error" and "interrupted" in systems["sequential"]["reason"]
+    assert systems["brax"] == {"status": "skipped", "reason": "not started: signal SIGTERM"}
+    assert results["limits"] == {}  # no learner update was timed
+    assert "interrupted (signal SIGTERM)" in (out / "results.md").read_text()
