@@ -694,6 +694,13 @@ def _sigterm_stops_the_bench(state: dict):
         signal.signal(signal.SIGTERM, previous)
 
 
+def _interruption(error: BaseException) -> str:
+    """The signal behind BenchInterrupted, or behind train's TerminatedError (its exit code) or a Ctrl-C."""
+    if isinstance(error, BenchInterrupted):
+        return str(error)
+    return "signal SIGTERM" if getattr(error, "exit_code", None) == 143 else "signal SIGINT"
+
+
 def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     """Runs the selected systems and writes results.json, results.md and results.png; returns the results.
 
@@ -706,12 +713,14 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     systems: dict[str, dict] = {}
     update = train_result = None
     stop: dict = {}
+    running = None  # the system started last
     with _sigterm_stops_the_bench(stop), GpuActivitySampler() as sampler:
         origin = sampler.mark("bench/start")
         try:
             for name in bench.systems:
                 if stop:  # a system that caught even BenchInterrupted
                     break
+                running = name
                 _log(f"{SYSTEM_LABELS[name]}: {config.env.name}, {config.run.total_env_steps:,} env steps, "
                      f"{config.run.num_evals} evaluations")
                 try:
@@ -730,8 +739,9 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                         systems[name] = run_async(config, sampler, bench.async_group_levels)
                     else:
                         systems[name], train_result = run_sequential(config, sampler)
-                except BenchInterrupted as e:
-                    systems[name] = {"status": "error", "reason": f"interrupted ({e}) while running"}
+                except (BenchInterrupted, KeyboardInterrupt) as e:  # KeyboardInterrupt: train's TerminatedError too
+                    stop.setdefault("interrupted", _interruption(e))
+                    systems[name] = {"status": "error", "reason": f"interrupted ({stop['interrupted']}) while running"}
                 except Exception as e:  # one failed system must not lose the others' measurements
                     traceback.print_exc()
                     systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
@@ -746,8 +756,10 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     _log(f"interrupted ({stop['interrupted']}) while timing the learner update: no synchronous limit")
                 except Exception:  # the limits are lost, the systems' measurements are not
                     traceback.print_exc()
-        except BenchInterrupted:  # between two steps: what was measured stands
-            pass
+        except BenchInterrupted as e:  # between two steps (e.g. just after a system's start was logged)
+            stop.setdefault("interrupted", _interruption(e))
+            if running and running not in systems:
+                systems[running] = {"status": "error", "reason": f"interrupted ({stop['interrupted']}) while running"}
         for name in bench.systems:  # those the interruption kept from starting
             systems.setdefault(name, {"status": "skipped", "reason": f"not started: {stop.get('interrupted')}"})
         sampler.mark("bench/end")
@@ -871,7 +883,7 @@ def main(args: list[str]) -> None:
     sys.stdout.write(render_markdown(results))
     if results.get("interrupted"):
         _log(f"interrupted ({results['interrupted']}): the outputs hold what was measured before it")
-        raise SystemExit(128 + signal.SIGTERM)
+        raise SystemExit(128 + (signal.SIGTERM if "SIGTERM" in results["interrupted"] else signal.SIGINT))
     failed = [name for name, s in results["systems"].items() if s.get("status") not in ("ok", "skipped")]
     if failed:
         _log(f"failed systems: {', '.join(failed)} (see results.json for the reasons)")

@@ -432,3 +432,34 @@ def test_sigterm_writes_what_was_measured_and_exits_143(tmp_path):
     assert systems["brax"] == {"status": "skipped", "reason": "not started: signal SIGTERM"}
     assert results["limits"] == {}  # no learner update was timed
     assert "interrupted (signal SIGTERM)" in (out / "results.md").read_text()
+
+
+def test_an_interruption_between_steps_or_inside_train_is_charged_to_the_system_running(monkeypatch, tmp_path):
+    """SIGTERM right after a system's start is logged (before its code runs), or caught by train's own
+    handler (TerminatedError after the iteration in flight): the system is recorded as interrupted while
+    running, the ones after it as not started, and the outputs are written."""
+    from jaxrose import bench as bench_module
+    from jaxrose.train import TerminatedError
+
+    def fake_sim(config, repeats, sampler):  # injects the fault: the interruption, raised where it may land
+        raise TerminatedError("SIGTERM received; checkpoint of iteration 1 saved", 143)
+
+    monkeypatch.setattr(bench_module, "run_sim_ceiling", fake_sim)
+    bench = parse_args(["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3",
+                        "--systems", "sim,brax", "--out", str(tmp_path / "a")])
+    results = bench_module.run_bench(bench)
+    assert results["interrupted"] == "signal SIGTERM"
+    assert results["systems"]["sim"] == {"status": "error", "reason": "interrupted (signal SIGTERM) while running"}
+    assert results["systems"]["brax"]["status"] == "skipped"
+
+    def interrupted_log(message):  # the signal delivered as the start line is printed
+        if message.startswith("simulation only"):
+            raise bench_module.BenchInterrupted("signal SIGTERM")
+
+    monkeypatch.setattr(bench_module, "_log", interrupted_log)
+    results = bench_module.run_bench(parse_args(["--preset", "point-mass", "--total-env-steps", "20480",
+                                                 "--num-evals", "3", "--systems", "sim,brax",
+                                                 "--out", str(tmp_path / "b")]))
+    assert results["systems"]["sim"]["reason"] == "interrupted (signal SIGTERM) while running"
+    assert results["systems"]["brax"] == {"status": "skipped", "reason": "not started: signal SIGTERM"}
+    assert (tmp_path / "b" / "results.md").exists()
