@@ -24,9 +24,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import contextlib
 import json
 import os
-import contextlib
 import platform
 import shlex
 import signal
@@ -194,6 +194,7 @@ def _sim_rollout(config, repeats: int, sampler, random_actions: bool) -> dict:
     from envs.randomization import randomize
     from envs.wrappers import wrap_for_training
 
+    # The run's env less the policy's observation history (`sequential.make_env` adds it): env stepping only.
     env = randomize(envs.make(config.env.name), config.env.randomize)
     train_env = wrap_for_training(env, config.env.episode_length, 1, config.env.num_envs)
     steps = config.unrolls_per_iteration * config.ppo.unroll_length
@@ -704,7 +705,8 @@ def _interruption(error: BaseException) -> str:
 def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     """Runs the selected systems and writes results.json, results.md and results.png; returns the results.
 
-    Cut short by SIGTERM, it still writes them, from the systems measured so far (`results['interrupted']`)."""
+    Cut short by SIGTERM (or Ctrl-C), it still writes them, from the systems measured so far
+    (`results['interrupted']`)."""
     from jaxrose.profiler import GpuActivitySampler
 
     share_gpu_memory_with_children(bench.systems)
@@ -718,8 +720,6 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
         origin = sampler.mark("bench/start")
         try:
             for name in bench.systems:
-                if stop:  # a system that caught even BenchInterrupted
-                    break
                 running = name
                 _log(f"{SYSTEM_LABELS[name]}: {config.env.name}, {config.run.total_env_steps:,} env steps, "
                      f"{config.run.num_evals} evaluations")
@@ -739,29 +739,26 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                         systems[name] = run_async(config, sampler, bench.async_group_levels)
                     else:
                         systems[name], train_result = run_sequential(config, sampler)
-                except (BenchInterrupted, KeyboardInterrupt) as e:  # KeyboardInterrupt: train's TerminatedError too
-                    stop.setdefault("interrupted", _interruption(e))
-                    systems[name] = {"status": "error", "reason": f"interrupted ({stop['interrupted']}) while running"}
                 except Exception as e:  # one failed system must not lose the others' measurements
                     traceback.print_exc()
                     systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
                 _log(f"{SYSTEM_LABELS[name]}: {_one_line(systems[name])}")
                 _write_partial(bench, systems)  # a run cut short by a time limit keeps what it measured
-            if systems.get("sim", {}).get("status") == "ok" and not stop:
+            if systems.get("sim", {}).get("status") == "ok":
                 # Reuse the trained executor when there is one: no second env build or trace.
                 executor, state = (train_result.executor, train_result.state) if train_result else (None, None)
                 try:
                     update = time_learner_update(config, bench.repeats, executor, state)
-                except BenchInterrupted:
-                    _log(f"interrupted ({stop['interrupted']}) while timing the learner update: no synchronous limit")
                 except Exception:  # the limits are lost, the systems' measurements are not
                     traceback.print_exc()
-        except BenchInterrupted as e:  # between two steps (e.g. just after a system's start was logged)
-            stop.setdefault("interrupted", _interruption(e))
+        except (BenchInterrupted, KeyboardInterrupt) as e:  # KeyboardInterrupt: train's TerminatedError too
+            # Wherever it landed (inside a system, or just after its start was logged), the system started
+            # last is charged with it unless it had finished; the ones after it never start.
+            stop["interrupted"] = stop.get("interrupted") or _interruption(e)
             if running and running not in systems:
                 systems[running] = {"status": "error", "reason": f"interrupted ({stop['interrupted']}) while running"}
-        for name in bench.systems:  # those the interruption kept from starting
-            systems.setdefault(name, {"status": "skipped", "reason": f"not started: {stop.get('interrupted')}"})
+            for name in bench.systems:
+                systems.setdefault(name, {"status": "skipped", "reason": f"not started: {stop['interrupted']}"})
         sampler.mark("bench/end")
 
     results = {
