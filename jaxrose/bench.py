@@ -242,8 +242,42 @@ def steady_skip(config) -> int:
     return min(max(config.iterations_per_eval, 2), config.num_iterations - 1)
 
 
-def run_sequential(config, sampler) -> tuple[dict, Any]:
-    """jaxrose through `train`; returns the summary and the TrainResult.
+class _LiveProgress:
+    """A train callback that keeps each iteration's time and each evaluation as they come: what a run cut
+    short (a time limit's SIGTERM) had measured, which the TrainResult of a finished run would hold."""
+
+    def __init__(self):
+        self.iteration_seconds: list[float] = []
+        self.compile_seconds: Optional[float] = None
+        self.evaluations: list[tuple[int, float]] = []  # (env steps, return)
+
+    def __call__(self, step: int, metrics) -> None:
+        if "perf/iteration_seconds" in metrics:
+            self.iteration_seconds.append(float(metrics["perf/iteration_seconds"]))
+        if "perf/compile_seconds" in metrics:
+            self.compile_seconds = float(metrics["perf/compile_seconds"])
+        if "eval/episode_return" in metrics:
+            self.evaluations.append((int(step), float(metrics["eval/episode_return"])))
+
+    def summary(self, config) -> dict:
+        """The measurements so far. `median_sps` covers the iterations from `median_from_iteration` on: the
+        steady window's start when the run got past it, else every iteration after the first."""
+        n = len(self.iteration_seconds)
+        done = {"iterations_done": n, "iteration_seconds": self.iteration_seconds,
+                "compile_seconds": self.compile_seconds, "eval_env_steps": [s for s, _ in self.evaluations],
+                "eval_returns": [r for _, r in self.evaluations]}
+        if n >= 2:
+            reached = n > steady_skip(config)
+            first = steady_skip(config) if reached else 1  # the first iteration may still be warming up
+            steps = config.env_steps_per_iteration
+            done.update(median_sps=statistics.median(steps / s for s in self.iteration_seconds[first:]),
+                        median_from_iteration=first + 1, steady_window_reached=reached)
+        return done
+
+
+def run_sequential(config, sampler, live: Optional[_LiveProgress] = None) -> tuple[dict, Any]:
+    """jaxrose through `train`; returns the summary and the TrainResult. `live` sees each iteration's
+    metrics as they come, so that an interruption still has them.
 
     The steady window runs from the dispatch of the first steady iteration to the moment the last
     evaluation's result is in: for inline evaluation that is brax's window (end of the second
@@ -253,7 +287,7 @@ def run_sequential(config, sampler) -> tuple[dict, Any]:
     from jaxrose.train import train
 
     start = time.perf_counter()
-    result = train(config, callbacks=[], write_outputs=False)
+    result = train(config, callbacks=[live] if live is not None else [], write_outputs=False)
     total = time.perf_counter() - start
 
     steps = config.env_steps_per_iteration
@@ -716,6 +750,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     update = train_result = None
     stop: dict = {}
     running = None  # the system started last
+    live = _LiveProgress()  # the sequential system's iterations as they come, for an interruption
     with _sigterm_stops_the_bench(stop), GpuActivitySampler() as sampler:
         origin = sampler.mark("bench/start")
         try:
@@ -738,7 +773,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     elif name == "async":
                         systems[name] = run_async(config, sampler, bench.async_group_levels)
                     else:
-                        systems[name], train_result = run_sequential(config, sampler)
+                        systems[name], train_result = run_sequential(config, sampler, live)
                 except Exception as e:  # one failed system must not lose the others' measurements
                     traceback.print_exc()
                     systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
@@ -757,6 +792,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
             stop["interrupted"] = stop.get("interrupted") or _interruption(e)
             if running and running not in systems:
                 systems[running] = {"status": "error", "reason": f"interrupted ({stop['interrupted']}) while running"}
+                if running == "sequential" and live.iteration_seconds:
+                    systems[running]["measured_before_interruption"] = live.summary(config)
             for name in bench.systems:
                 systems.setdefault(name, {"status": "skipped", "reason": f"not started: {stop['interrupted']}"})
         sampler.mark("bench/end")

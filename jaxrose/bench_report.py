@@ -34,6 +34,17 @@ def _fmt(value, spec: str = ",.0f") -> str:
     return format(value, spec) if is_finite_number(value) else "—"
 
 
+def _before_interruption(done) -> str:
+    """What a system cut short had measured, for its table row."""
+    if not done:
+        return ""
+    text = f"; {done['iterations_done']} iteration(s) done"
+    if done.get("median_sps") is not None:
+        window = "steady window" if done["steady_window_reached"] else "not a full steady window"
+        text += f", median {_fmt(done['median_sps'])} steps/s from iteration {done['median_from_iteration']} ({window})"
+    return text
+
+
 def _sm(summary: dict, key: str) -> str:
     sm = summary.get("sm")
     return _fmt(sm[key], ".1f") if sm else "—"
@@ -59,7 +70,8 @@ def render_markdown(results: dict) -> str:
     for name, summary in results["systems"].items():
         label = SYSTEM_LABELS[name]
         if summary.get("status") != "ok":
-            lines.append(f"| {label} | {summary.get('status', 'failed')}: {summary.get('reason')} | | | | | | |")
+            lines.append(f"| {label} | {summary.get('status', 'failed')}: {summary.get('reason')}"
+                         f"{_before_interruption(summary.get('measured_before_interruption'))} | | | | | | |")
             continue
         lines.append(f"| {label} | {_fmt(summary['steady_sps'])} | {_fmt(summary.get('steady_sps_with_evals'))} "
                      f"| {_fmt(summary['compile_seconds'], '.1f')} | {_fmt(summary.get('seconds_to_steady'), '.1f')} "

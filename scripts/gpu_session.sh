@@ -187,7 +187,13 @@ case "${1:?stage}" in
   bg) name=${2:?name}; shift 2; start_bg "$name" "$@" ;;
   bgstage) # NAME STAGE [ARGS...]: another stage detached in /tmp/bg/NAME (it outlives one call): follow with
         # `collect NAME`; its $OUT is /tmp/bg/NAME/out. E.g. bgstage suite suite SPEC; bgstage nb notebooks ant-mlp
-        name=${2:?name}; shift 2; detach "$name" bash scripts/gpu_session.sh "$@" ;;
+        name=${2:?name}; shift 2
+        case "${1:?stage}" in  # these detach themselves: wrapped, `collect` would see the wrapper's exit at once
+          async|grow|bf16|bg|bgstage|collect)
+            echo "bgstage: stage $1 already runs detached (or is not a stage to detach); run it as" \
+                 "\`gpu_session.sh $1 ...\` and follow with \`collect ${1/bg*/NAME}\`" >&2; exit 2 ;;
+        esac
+        detach "$name" bash scripts/gpu_session.sh "$@" ;;
   notebooks) # [PRESET] [SEEDS]: the three notebooks at FULL settings (scripts/run_notebooks.py): quickstart trains
         # PRESET (default ant-mlp) to its budget, ablations runs every arm on PRESET for SEEDS (default [0]). The GPU
         # image has no Jupyter: carry .whl-nb/ too, made here (dependencies included) with

@@ -463,3 +463,59 @@ def test_an_interruption_between_steps_or_inside_train_is_charged_to_the_system_
     assert results["systems"]["sim"]["reason"] == "interrupted (signal SIGTERM) while running"
     assert results["systems"]["brax"] == {"status": "skipped", "reason": "not started: signal SIGTERM"}
     assert (tmp_path / "b" / "results.md").exists()
+
+
+def test_an_interrupted_sequential_run_keeps_its_iteration_times(monkeypatch, tmp_path):
+    """SIGTERM after a few iterations of the sequential system (injected: raised as the third iteration's
+    metrics are emitted, where the signal may land): the row keeps the times measured so far, each equal
+    to what train reported, and their median is computed from them."""
+    import statistics
+
+    from jaxrose import bench as bench_module
+    from jaxrose.train import _TrainingLoop
+
+    emitted: list[float] = []
+    emit = _TrainingLoop.emit
+
+    def emit_then_interrupt(self, iteration, metrics):
+        emit(self, iteration, metrics)
+        if "perf/iteration_seconds" in metrics:
+            emitted.append(metrics["perf/iteration_seconds"])
+            if len(emitted) == 3:
+                raise bench_module.BenchInterrupted("signal SIGTERM")
+
+    monkeypatch.setattr(_TrainingLoop, "emit", emit_then_interrupt)
+    out = tmp_path / "cut"
+    bench = parse_args(["--preset", "point-mass", "--total-env-steps", "40960", "--num-evals", "3",
+                        "--num-eval-envs", "8", "--systems", "sequential,brax", "--out", str(out)])
+    results = bench_module.run_bench(bench)
+    row = results["systems"]["sequential"]
+    assert row["status"] == "error" and row["reason"] == "interrupted (signal SIGTERM) while running"
+    done = row["measured_before_interruption"]
+    assert done["iterations_done"] == 3 and done["iteration_seconds"] == emitted
+    steps = bench_module.train_config(bench).env_steps_per_iteration
+    first = done["median_from_iteration"]
+    assert first == 2 and done["steady_window_reached"] is False  # 4 iterations per evaluation here
+    assert done["median_sps"] == statistics.median(steps / s for s in emitted[first - 1:])
+    assert done["eval_env_steps"] == [0] and done["compile_seconds"] > 0  # the evaluation before training
+    assert results["systems"]["brax"]["status"] == "skipped"
+    assert "3 iteration(s) done, median" in (out / "results.md").read_text()
+
+
+def test_live_progress_medians_the_steady_window_once_the_run_reached_it():
+    """Hand-computed: 6 iterations with a skip of 4 (4 iterations per evaluation): the median covers
+    iterations 5 and 6 only; with 2 iterations it covers the second."""
+    from jaxrose import bench as bench_module
+
+    config = bench_module.train_config(parse_args(["--preset", "point-mass", "--total-env-steps", "40960",
+                                                   "--num-evals", "3"]))
+    assert bench_module.steady_skip(config) == 4
+    live = bench_module._LiveProgress()
+    for seconds in (9.0, 1.0, 1.0, 1.0, 2.0, 4.0):
+        live(0, {"perf/iteration_seconds": seconds})
+    done = live.summary(config)
+    steps = config.env_steps_per_iteration
+    assert done["steady_window_reached"] and done["median_from_iteration"] == 5
+    assert done["median_sps"] == (steps / 2.0 + steps / 4.0) / 2
+    live.iteration_seconds = [9.0, 2.0]
+    assert live.summary(config)["median_sps"] == steps / 2.0 and live.summary(config)["median_from_iteration"] == 2
