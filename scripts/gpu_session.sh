@@ -49,7 +49,7 @@
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
 #   tuned   [PRESET] [STEPS] [PLAN]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
 #           tuning time and trials included (ant-mlp 15M: ~9 min); with PLAN (a saved plan, e.g. the H200
-#           ablation's docs/plan/ant-mlp-h200/tuned-plan.json) the tuned system trains with it, tuning nothing
+#           ablation's docs/ablate/ant-mlp-h200-mps/tuned-plan.json, tuned with MPS) the tuned system trains with it, tuning nothing
 #   quota   ant-mlp 15M: overlapped with the evaluation process capped at 20% of the SMs
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 #   bg      NAME ARGS...: starts `jaxrose ARGS...` detached (setsid) in /tmp/bg/NAME, for a run longer than one

@@ -131,3 +131,25 @@ def test_bad_group_count_names_the_setting(program_and_graph):
     program, _ = program_and_graph
     with pytest.raises(PlanError, match="divisor of env.num_envs"):
         split_groups(sequential_plan(program), 5, 32)
+
+
+def test_the_plans_shipped_from_the_h200_are_legal_for_the_ppo_program():
+    """docs/ plans that `gpu_session.sh tuned ... PLAN` trains with: each loads, is legal for PPO's iteration
+    (every node once, dependencies kept), and equals the transformations its history names, applied to
+    the sequential plan."""
+    import pathlib
+
+    from jaxrose.config import replace
+    from jaxrose.graph import build_graph
+    from jaxrose.plan import Plan, sequential_plan, unroll_loop, validate
+    from jaxrose.ppo_program import ITERATION_INPUTS
+    from jaxrose.presets import get_preset
+    from jaxrose.sequential import SequentialExecutor
+
+    config = replace(get_preset("point-mass"), **{"env.num_envs": 8, "ppo.num_minibatches": 2, "ppo.unroll_length": 4,
+                                                    "ppo.batch_size": 8})
+    program = SequentialExecutor(config).program
+    graph = build_graph(program, ITERATION_INPUTS)
+    plan = Plan.load(str(pathlib.Path(__file__).parents[1] / "docs/ablate/ant-mlp-h200-mps/tuned-plan.json"))
+    validate(plan, program, graph)
+    assert plan == unroll_loop(sequential_plan(program), program, "rollout_step")
