@@ -107,7 +107,8 @@ def _run_arm(label: str, arm: str, config: TrainConfig, iterations: int, max_can
 
         plan, trials, tuning_seconds, noise = sequential_plan(SequentialExecutor(config).program), [], 0.0, None
     else:
-        result = tune(config, switches, max_candidates, iterations, measurements=shared)
+        # Rows compare seconds per iteration, evaluation excluded: the evaluation's placement is not an arm.
+        result = tune(config, switches, max_candidates, iterations, measurements=shared, place_evaluation=False)
         plan, trials, tuning_seconds, noise = result.plan, result.trials, result.tuning_seconds, result.noise_seconds
         reused = result.measurements_reused
     seconds, activity = measure(config, plan, iterations, sampler)

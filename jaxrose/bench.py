@@ -369,14 +369,13 @@ def run_spread(config, sampler, processes: int) -> dict:
 
 def run_tuned(config, sampler, tune_iterations: int, groups: bool = True, plan_path: Optional[str] = None,
               max_candidates: int = 4) -> dict:
-    """`jaxrose tune` with every switch on, then training with the plan it kept and evaluation in its
-    own process, all in one fresh process (it joins MPS before its GPU starts). The summary carries
-    the tuning time and every candidate tried, kept or not; the steady window excludes the tuning.
-    With `plan_path` (a plan tuned earlier) it trains with that plan and tunes nothing. `max_candidates`
-    is tune's limit on the planner candidates measured per round."""
-    from jaxrose.config import replace
-
-    return _run_in_child("_tuned_child", replace(config, **{"run.eval_mode": "process"}), sampler,
+    """`jaxrose tune` with every switch on, then training with the plan it kept, evaluation where that plan
+    puts it (tune tries it in its own process and keeps that only if it measures faster), all in one fresh
+    process (it joins MPS before its GPU starts). The summary carries the tuning time and every candidate
+    tried, kept or not; the steady window excludes the tuning. With `plan_path` (a plan tuned earlier) it
+    trains with that plan and tunes nothing. `max_candidates` is tune's limit on the planner candidates
+    measured per round."""
+    return _run_in_child("_tuned_child", config, sampler,
                          extra=(tune_iterations, groups, plan_path and os.path.abspath(plan_path), max_candidates))
 
 

@@ -19,6 +19,7 @@ from jaxrose.graph import DataflowGraph
 from jaxrose.program import Loop, Program
 
 PLAN_FORMAT = 1
+EVALUATION_PLACES = ("inline", "process")
 
 
 class PlanError(ValueError):
@@ -46,6 +47,9 @@ class Plan:
     """Env groups; None keeps the run's `env.num_groups`."""
     quotas: tuple[tuple[str, Optional[int]], ...] = (("main", None),)
     history: tuple[str, ...] = ()
+    evaluation: str = "inline"
+    """Where the periodic evaluation runs: "inline" (between iterations) or "process" (its own MPS process
+    beside training, as `run.eval_mode='process'`). Outside the iteration, so it changes no parameter."""
 
     @property
     def processes(self) -> list[str]:
@@ -74,8 +78,11 @@ class Plan:
         chunks = tuple(Chunk(c["name"], tuple(c["nodes"]), c["process"], c["deferred"],
                              tuple(c.get("group_processes", ())), tuple(c.get("unrolled", ())))
                        for c in data["chunks"])
+        evaluation = data.get("evaluation", "inline")  # absent from plans saved before it existed
+        if evaluation not in EVALUATION_PLACES:
+            raise PlanError(f"Plan's evaluation is {evaluation!r}; it must be one of {', '.join(EVALUATION_PLACES)}.")
         return Plan(data["program"], chunks, data["num_groups"], tuple(tuple(q) for q in data["quotas"]),
-                    tuple(data["history"]))
+                    tuple(data["history"]), evaluation)
 
     def save(self, path: str) -> None:
         with open(path, "w") as f:
@@ -97,6 +104,8 @@ class Plan:
                          f"{f' ({quota}% SMs)' if quota else ''}{' deferred' if chunk.deferred else ''}: "
                          f"{' → '.join(chunk.nodes)}"
                          f"{' (unrolled: ' + ', '.join(chunk.unrolled) + ')' if chunk.unrolled else ''}")
+        if self.evaluation != "inline":
+            lines.append("  evaluation: in its own process")
         if self.history:
             lines.append("  transformations: " + "; ".join(self.history))
         return "\n".join(lines)
@@ -272,6 +281,14 @@ def with_quota(plan: Plan, process: str, sm_percentage: Optional[int]) -> Plan:
     quotas[process] = sm_percentage
     return dataclasses.replace(plan, quotas=tuple(quotas.items()),
                                history=plan.history + (f"quota {sm_percentage}% for {process}",))
+
+
+def evaluate_in_process(plan: Plan) -> Plan:
+    """The periodic evaluation in its own process beside training. Always legal: evaluation reads a copy
+    of the parameters and writes nothing the iteration reads."""
+    if plan.evaluation == "process":
+        raise PlanError("The plan already evaluates in its own process.")
+    return dataclasses.replace(plan, evaluation="process", history=plan.history + ("evaluation in its own process",))
 
 
 def defer(plan: Plan, program: Program, graph: DataflowGraph, chunk_name: str) -> Plan:

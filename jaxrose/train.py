@@ -24,6 +24,7 @@ from jaxrose.callbacks import Callback, JsonlWriter, ProgressBar, TensorBoardWri
 from jaxrose.async_checkpoint import BackgroundSaver
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import SEVERAL_PROCESSES, ConfigError, TrainConfig
+from jaxrose.config import replace as replace_config
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
 from jaxrose.mps import prepare_clients
@@ -102,6 +103,8 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
         return train_async(config, callbacks, write_outputs, env=executor.env if executor is not None else None)
     # Worker processes (and MPS) must be set up before this process touches its GPU.
     plan = Plan.load(config.run.plan) if config.run.plan else None
+    if plan is not None and plan.evaluation == "process" and config.run.eval_mode == "inline":
+        config = replace_config(config, **{"run.eval_mode": "process"})  # the plan was tuned with it there
     helpers = {p: dict(plan.quotas).get(p) for p in plan.processes if p != MAIN} if plan else {}
     # Several processes: process 0 alone evaluates, in a worker beside it on its GPU, under its own daemon.
     evaluating_remotely = config.run.eval_mode == "process" and distributed.is_main_process()

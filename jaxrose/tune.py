@@ -6,6 +6,10 @@ Every optimization has a switch, so a researcher can reproduce an ablation: `gro
 env groups spread over concurrent processes), `overlap` (chunks on helper processes beside the next
 iteration), `restructure` (split/fuse chunks, and nested loops unrolled into straight-line code), `quotas`, and
 `validate` (off: keep whatever the model predicts to be faster, without measuring).
+
+Last, under `overlap`, the periodic evaluation is tried in its own process beside training. Evaluation
+is outside the iteration, so that trial is measured differently: whole evaluation periods of real
+training (`measure_with_evaluation`), seconds per iteration with the evaluations' cost spread over them.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import jax
 from jaxrose.config import TrainConfig
 from jaxrose.graph import build_graph
 from jaxrose.mps import clients_unavailable_reason
-from jaxrose.plan import Plan, PlanError, sequential_plan, spread_rollout, unroll_loop, with_quota
+from jaxrose.plan import Plan, PlanError, evaluate_in_process, sequential_plan, spread_rollout, unroll_loop, with_quota
 from jaxrose.planner import rank
 from jaxrose.ppo_program import ITERATION_INPUTS
 from jaxrose.program import Loop
@@ -91,6 +95,33 @@ def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: Opt
             executor.close()
 
 
+def measure_with_evaluation(config: TrainConfig, plan: Plan, periods: int = 2) -> float:
+    """Seconds per iteration of `plan` with its evaluation where the plan puts it, the evaluations' cost
+    spread over the iterations: real training (`train`) for 1 + `periods` evaluation periods of the
+    config's length, each period `iterations_per_eval` iterations then an evaluation. Timed as the
+    benchmark times it: from the dispatch of the first iteration after the first period (which compiles)
+    to the moment the last evaluation's result is in, so an evaluation process's final result is waited
+    for. A no-op where the config evaluates once (num_evals <= 1)."""
+    import os
+    import tempfile
+
+    from jaxrose.config import replace
+    from jaxrose.train import train
+
+    k = config.iterations_per_eval
+    steps = (periods + 1) * k * config.env_steps_per_iteration
+    with tempfile.TemporaryDirectory(prefix="jaxrose-tune-eval-") as tmp:
+        path = os.path.join(tmp, "plan.json")
+        plan.save(path)
+        run = replace(config, **{"run.total_env_steps": steps, "run.num_evals": periods + 2, "run.plan": path,
+                                 "run.progress_bar": False, "run.tensorboard": False, "run.out_dir": tmp,
+                                 "run.resume": None})
+        result = train(run, write_outputs=False)
+    start = result.iteration_start_times[k]
+    end = max(e["done_time"] for e in result.evaluations)
+    return (end - start) / (periods * k)
+
+
 class Measurements:
     """Measurements shared by several `tune` calls on one config, e.g. an ablation's arms for one preset
     and seed: the sequential plan's two noise measurements, the stage profile and every candidate plan are
@@ -101,6 +132,7 @@ class Measurements:
     def __init__(self, config: TrainConfig):
         self.config = config
         self._runs: dict[tuple[str, int], list[list[float]]] = {}
+        self._evaluation_runs: dict[tuple[str, int], list[float]] = {}
         self._profile = None
         self.taken = self.reused = 0
 
@@ -110,6 +142,15 @@ class Measurements:
         self.reused += min(count, len(runs))
         while len(runs) < count:
             runs.append(measure_plan(self.config, plan, iterations))
+            self.taken += 1
+        return runs[:count]
+
+    def evaluation_runs(self, plan: Plan, periods: int, count: int) -> list[float]:
+        """The first `count` measurements of `plan` with its evaluation (`measure_with_evaluation`)."""
+        runs = self._evaluation_runs.setdefault((plan.to_json(), periods), [])
+        self.reused += min(count, len(runs))
+        while len(runs) < count:
+            runs.append(measure_with_evaluation(self.config, plan, periods))
             self.taken += 1
         return runs[:count]
 
@@ -123,9 +164,11 @@ class Measurements:
 
 
 def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: int = 4,
-         iterations: int = 5, measurements: Optional[Measurements] = None) -> TuneResult:
+         iterations: int = 5, measurements: Optional[Measurements] = None, place_evaluation: bool = True,
+         evaluation_periods: int = 2) -> TuneResult:
     """`measurements`: shared with other `tune` calls on the same config (see `Measurements`); by
-    default this call measures everything itself."""
+    default this call measures everything itself. `place_evaluation`: try the evaluation in its own
+    process (under the `overlap` switch), measured over `evaluation_periods` evaluation periods."""
     start = time.perf_counter()
     if measurements is None:
         measurements = Measurements(config)
@@ -167,6 +210,10 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
     if switches.restructure:
         current, current_seconds = _tune_loops(measure, program, current, current_seconds, noise, switches, trials)
     current, current_seconds = _tune_quotas(config, measure, current, current_seconds, noise, switches, trials)
+    if place_evaluation:
+        current = _tune_evaluation(config, lambda plan, count: measurements.evaluation_runs(plan, evaluation_periods,
+                                                                                            count),
+                                   current, switches, trials)
     return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start,
                       measurements.reused - reused_before)
 
@@ -247,6 +294,37 @@ def _allowed(candidate, switches: Switches) -> bool:
     return switches.restructure
 
 
+EvaluationMeasure = Callable[[Plan, int], list]  # `count` runs of a plan, seconds per iteration with evaluation
+
+
+def _tune_evaluation(config: TrainConfig, measure: EvaluationMeasure, plan: Plan, switches: Switches,
+                     trials: list[Trial]) -> Plan:
+    """The evaluation in its own process, kept only if training with it, evaluations included, is faster
+    than with the evaluation inline by more than the noise of two inline measurements. The planner's
+    stage profile covers the iteration only, so there is no model prediction: with validation off it
+    is not tried."""
+    description = "evaluation in its own process"
+    if not switches.overlap:
+        return plan
+    if config.run.num_evals <= 1 or plan.evaluation != "inline" or config.run.eval_mode != "inline":
+        reason = "no periodic evaluation" if config.run.num_evals <= 1 else "the run already evaluates in a process"
+        trials.append(Trial(description, 0.0, None, False, f"skipped: {reason}"))
+        return plan
+    if not switches.validate:
+        trials.append(Trial(description, 0.0, None, False,
+                            "skipped: with validation off only model predictions count, and none exists for it"))
+        return plan
+    first, second = measure(plan, 2)
+    candidate = evaluate_in_process(plan)
+    seconds = measure(candidate, 1)[0]
+    inline, noise = min(first, second), abs(first - second)
+    kept = seconds < inline - noise
+    trials.append(Trial(description, 0.0, seconds, kept,
+                        f"{seconds * 1e3:.2f} ms vs {inline * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise per iteration, "
+                        f"evaluations included"))
+    return candidate if kept else plan
+
+
 def _tune_quotas(config, measure: Measure, plan: Plan, seconds: float, noise: float, switches: Switches,
                  trials: list[Trial]) -> tuple[Plan, float]:
     helpers = [p for p in plan.processes if p != MAIN]
@@ -279,6 +357,8 @@ def main(args: list[str]) -> None:
     parser.add_argument("--iterations", type=int, default=5, help="timed iterations per measurement")
     parser.add_argument("--max-candidates", type=int, default=4)
     parser.add_argument("--out", default=None, help="output folder (default: plans/<preset>)")
+    parser.add_argument("--no-evaluation-placement", action="store_true",
+                        help="do not try the evaluation in its own process (it trains a few evaluation periods)")
     names = [field.name for field in dataclasses.fields(Switches)]
     for name in names:
         parser.add_argument(f"--no-{name}", action="store_true", help=f"switch the {name} optimization off")
@@ -287,7 +367,8 @@ def main(args: list[str]) -> None:
 
     prepare_clients({})  # attach this process to a private MPS daemon before its GPU starts, when possible
     switches = Switches(**{n: not getattr(options, f"no_{n}") for n in names})
-    result = tune(get_preset(options.preset), switches, options.max_candidates, options.iterations)
+    result = tune(get_preset(options.preset), switches, options.max_candidates, options.iterations,
+                  place_evaluation=not options.no_evaluation_placement)
     out = options.out or os.path.join("plans", options.preset)
     os.makedirs(out, exist_ok=True)
     result.plan.save(os.path.join(out, "plan.json"))

@@ -128,7 +128,11 @@ def test_tuned_system_reports_its_tuning_and_keeps_the_same_results(bench_run):
     # --tune-max-candidates 0 reached tune: no planner candidate was tried, only the rollout-loop unrolling.
     assert tuning["max_candidates"] == 0
     assert [t["description"] for t in tuning["trials"] if t["measured_seconds"] is not None] == \
-        ["unroll loop rollout_step"]
+        ["unroll loop rollout_step", "evaluation in its own process"]
+    # The system trained with the evaluation where tune left it: in a worker exactly when that trial was kept.
+    evaluation_kept = tuning["trials"][-1]["kept"]
+    assert bool(tuned["eval_worker"]) == evaluation_kept
+    assert ("evaluation: in its own process" in tuned["plan"]) == evaluation_kept
     assert tuned["plan"]
     # Whatever plan tune kept computes what the sequential executor computes.
     assert tuned["eval_returns"] == sequential["eval_returns"]

@@ -10,7 +10,8 @@ from jaxrose.tune import Switches, tune
 
 
 def test_tune_keeps_only_measured_improvements(tiny_config):
-    result = tune(tiny_config, max_candidates=2, iterations=2)
+    # The evaluation's placement is judged on another measure (test_evaluation_placement_* below).
+    result = tune(tiny_config, max_candidates=2, iterations=2, place_evaluation=False)
     assert result.baseline_seconds > 0 and result.final_seconds > 0 and result.tuning_seconds > 0
     assert result.trials, "the planner proposes at least the overlap of the metrics stage"
     current = result.baseline_seconds
@@ -52,3 +53,79 @@ def test_group_spread_is_tried_and_judged_by_measurement(tiny_config):
         if trial.kept:
             current = trial.measured_seconds
     assert (result.plan.spread_chunk is not None) == any(t.kept for t in spreads)
+
+
+class FakeEvaluationMeasure:
+    """A fake (named as such) of `Measurements.evaluation_runs`: scripted seconds per iteration with the
+    evaluation inline or in a process, and a log of what was asked."""
+
+    def __init__(self, inline: list[float], process: float):
+        self.inline, self.process, self.asked = inline, process, []
+
+    def __call__(self, plan, count):
+        self.asked.append((plan.evaluation, count))
+        return self.inline[:count] if plan.evaluation == "inline" else [self.process] * count
+
+
+@pytest.mark.parametrize("process_seconds, kept", [(0.90, True), (0.99, False), (1.05, False)])
+def test_evaluation_placement_is_kept_only_when_measured_faster_than_inline_by_the_noise(tiny_config,
+                                                                                          process_seconds, kept):
+    """Inline measured twice (1.00 and 1.02 s: noise 0.02 s), the process once; kept only below 0.98 s."""
+    from jaxrose.plan import sequential_plan
+    from jaxrose.tune import _tune_evaluation
+
+    plan = sequential_plan(SequentialExecutor(tiny_config).program)
+    measure, trials = FakeEvaluationMeasure([1.00, 1.02], process_seconds), []
+    chosen = _tune_evaluation(tiny_config, measure, plan, Switches(), trials)
+    assert measure.asked == [("inline", 2), ("process", 1)]
+    assert [(t.description, t.measured_seconds, t.kept) for t in trials] == \
+        [("evaluation in its own process", process_seconds, kept)]
+    assert chosen.evaluation == ("process" if kept else "inline")
+    assert ("evaluation in its own process" in chosen.history) == kept
+
+
+def test_evaluation_placement_respects_the_switches_and_the_run(tiny_config):
+    from jaxrose.config import replace
+    from jaxrose.plan import evaluate_in_process, sequential_plan
+    from jaxrose.tune import _tune_evaluation
+
+    plan = sequential_plan(SequentialExecutor(tiny_config).program)
+    measure = FakeEvaluationMeasure([1.0, 1.0], 0.5)
+    for config, switches, chosen_plan, reason in [
+            (tiny_config, Switches(overlap=False), plan, None),  # an overlap: its switch off, not tried
+            (tiny_config, Switches(validate=False), plan, "skipped: with validation off"),
+            (replace(tiny_config, **{"run.num_evals": 1}), Switches(), plan, "skipped: no periodic evaluation"),
+            (tiny_config, Switches(), evaluate_in_process(plan), "skipped: the run already evaluates in a process")]:
+        trials = []
+        assert _tune_evaluation(config, measure, chosen_plan, switches, trials) == chosen_plan
+        assert [t.reason[:len(reason)] for t in trials] == ([reason] if reason else [])
+    assert measure.asked == []  # nothing measured in any of these
+
+
+def test_a_plan_that_evaluates_in_a_process_trains_there_with_the_same_results(tiny_config, tmp_path):
+    """`Plan.evaluation='process'` reaches train (an evaluation worker runs) and, evaluation being outside
+    the iteration, the returns equal the inline run's; `measure_with_evaluation` times both from real
+    training, within the wall time of its call."""
+    import time
+
+    from jaxrose.config import replace
+    from jaxrose.plan import Plan, evaluate_in_process, sequential_plan
+    from jaxrose.train import train
+    from jaxrose.tune import measure_with_evaluation
+
+    inline = sequential_plan(SequentialExecutor(tiny_config).program)
+    path = tmp_path / "plan.json"
+    evaluate_in_process(inline).save(str(path))
+    assert Plan.load(str(path)).evaluation == "process"
+    runs = {}
+    for name, plan_path in (("inline", None), ("process", str(path))):
+        config = replace(tiny_config, **{"run.plan": plan_path, "run.out_dir": str(tmp_path / name)})
+        runs[name] = train(config, write_outputs=False)
+    assert not runs["inline"].eval_worker and runs["process"].eval_worker  # the worker describes itself
+    assert [e["eval/episode_return"] for e in runs["process"].evaluations] == \
+        [e["eval/episode_return"] for e in runs["inline"].evaluations]
+    for plan in (inline, evaluate_in_process(inline)):
+        start = time.perf_counter()
+        seconds = measure_with_evaluation(tiny_config, plan, periods=1)
+        wall = time.perf_counter() - start
+        assert 0 < seconds * tiny_config.iterations_per_eval < wall
