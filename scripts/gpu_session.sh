@@ -49,7 +49,9 @@
 #   arm     arm-push-mlp trained to its 20M budget: success rate per evaluation, learning curve (~3 min)
 #   tuned   [PRESET] [STEPS] [PLAN]: brax, sim, sequential, overlapped and tuned (jaxrose tune's plan) in one run,
 #           tuning time and trials included (ant-mlp 15M: ~9 min); with PLAN (a saved plan, e.g. the H200
-#           ablation's docs/ablate/ant-mlp-h200-mps/tuned-plan.json, tuned with MPS) the tuned system trains with it, tuning nothing
+#           ablation's docs/ablate/ant-mlp-h200-mps/tuned-plan.json, tuned with MPS) the tuned system trains with it, tuning nothing;
+#           TUNED_SYSTEMS=brax,sequential,tuned drops the others. Tuning now also tries the evaluation in its own
+#           process (3 short trainings): give it `TUNED_SECONDS=1100 bgstage tuned tuned` and two collects
 #   quota   ant-mlp 15M: overlapped with the evaluation process capped at 20% of the SMs
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 #   bg      NAME ARGS...: starts `jaxrose ARGS...` detached (setsid) in /tmp/bg/NAME, for a run longer than one
@@ -176,8 +178,8 @@ case "${1:?stage}" in
   arm) timeout 400 python3 -m jaxrose.cli train --preset arm-push-mlp --run.no-progress-bar --run.out-dir "$out/arm" \
          > "$out/arm.log" 2>&1; grep -i "eval\|error" "$out/arm.log" | tail -15;
        tar -czf "$out/arm.tar.gz" -C "$out" arm/metrics.jsonl arm/learning_curve.png && rm -rf "$out/arm" ;;
-  tuned) timeout 590 python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --total-env-steps "${3:-15000000}" \
-         --num-evals 5 --systems brax,sim,sequential,overlapped,tuned --repeats 3 ${4:+--tuned-plan "$4"} --out "$out/tuned" \
+  tuned) timeout "${TUNED_SECONDS:-590}" python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --total-env-steps "${3:-15000000}" \
+         --num-evals 5 --systems "${TUNED_SYSTEMS:-brax,sim,sequential,overlapped,tuned}" --repeats 3 ${4:+--tuned-plan "$4"} --out "$out/tuned" \
          --record "$out/BENCH_tuned.md" -- --run.compile-cache /tmp/bg/cc > "$out/tuned.log" 2>&1; grep "\[bench\]" "$out/tuned.log" ;;
   quota) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 15000000 --num-evals 5 \
          --systems overlapped --eval-sm-percentage 20 --out "$out/quota" --record "$out/BENCH_quota.md" \
