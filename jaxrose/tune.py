@@ -101,7 +101,7 @@ def measure_with_evaluation(config: TrainConfig, plan: Plan, periods: int = 2) -
     config's length, each period `iterations_per_eval` iterations then an evaluation. Timed as the
     benchmark times it: from the dispatch of the first iteration after the first period (which compiles)
     to the moment the last evaluation's result is in, so an evaluation process's final result is waited
-    for. A no-op where the config evaluates once (num_evals <= 1)."""
+    for. The config's own num_evals and total_env_steps are replaced; only its period length is kept."""
     import os
     import tempfile
 
