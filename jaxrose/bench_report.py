@@ -15,7 +15,7 @@ def is_finite_number(value) -> bool:
 SYSTEM_LABELS = {"brax": "brax PPO", "sim": "simulation only (ceiling)", "sequential": "jaxrose sequential",
                  "overlapped": "jaxrose, evaluation overlapped (MPS process)",
                  "spread": "jaxrose, rollout groups spread over MPS processes + evaluation overlapped",
-                 "tuned": "jaxrose tuned (jaxrose tune's plan) + evaluation overlapped",
+                 "tuned": "jaxrose tuned (jaxrose tune's plan, evaluation where it put it)",
                  "async": "jaxrose asynchronous (actors, lag <= run.max_policy_lag)"}
 
 
