@@ -22,9 +22,9 @@ The brax baseline is `jaxrose.bench_brax`; the tables and charts are drawn by `j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
-import contextlib
 import json
 import os
 import platform

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import jax
 
@@ -131,28 +131,27 @@ class Measurements:
 
     def __init__(self, config: TrainConfig):
         self.config = config
-        self._runs: dict[tuple[str, int], list[list[float]]] = {}
-        self._evaluation_runs: dict[tuple[str, int], list[float]] = {}
+        self._runs: dict[tuple, list] = {}  # (kind, plan, length) -> measurements taken so far
         self._profile = None
         self.taken = self.reused = 0
 
-    def runs(self, plan: Plan, iterations: int, count: int) -> list[list[float]]:
-        """The first `count` measurements of `plan` (seconds per timed iteration), taking the missing ones."""
-        runs = self._runs.setdefault((plan.to_json(), iterations), [])
+    def _first(self, key: tuple, count: int, take: Callable[[], Any]) -> list:
+        runs = self._runs.setdefault(key, [])
         self.reused += min(count, len(runs))
         while len(runs) < count:
-            runs.append(measure_plan(self.config, plan, iterations))
+            runs.append(take())
             self.taken += 1
         return runs[:count]
 
+    def runs(self, plan: Plan, iterations: int, count: int) -> list[list[float]]:
+        """The first `count` measurements of `plan` (seconds per timed iteration), taking the missing ones."""
+        return self._first(("iteration", plan.to_json(), iterations), count,
+                           lambda: measure_plan(self.config, plan, iterations))
+
     def evaluation_runs(self, plan: Plan, periods: int, count: int) -> list[float]:
         """The first `count` measurements of `plan` with its evaluation (`measure_with_evaluation`)."""
-        runs = self._evaluation_runs.setdefault((plan.to_json(), periods), [])
-        self.reused += min(count, len(runs))
-        while len(runs) < count:
-            runs.append(measure_with_evaluation(self.config, plan, periods))
-            self.taken += 1
-        return runs[:count]
+        return self._first(("evaluation", plan.to_json(), periods), count,
+                           lambda: measure_with_evaluation(self.config, plan, periods))
 
     def profile(self):
         if self._profile is None:
@@ -211,9 +210,10 @@ def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: i
         current, current_seconds = _tune_loops(measure, program, current, current_seconds, noise, switches, trials)
     current, current_seconds = _tune_quotas(config, measure, current, current_seconds, noise, switches, trials)
     if place_evaluation:
-        current = _tune_evaluation(config, lambda plan, count: measurements.evaluation_runs(plan, evaluation_periods,
-                                                                                            count),
-                                   current, switches, trials)
+        def measure_evaluation(plan: Plan, count: int) -> list[float]:
+            return measurements.evaluation_runs(plan, evaluation_periods, count)
+
+        current = _tune_evaluation(config, measure_evaluation, current, switches, trials)
     return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start,
                       measurements.reused - reused_before)
 
