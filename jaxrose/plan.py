@@ -80,7 +80,8 @@ class Plan:
                        for c in data["chunks"])
         evaluation = data.get("evaluation", "inline")  # absent from plans saved before it existed
         if evaluation not in EVALUATION_PLACES:
-            raise PlanError(f"Plan's evaluation is {evaluation!r}; it must be one of {', '.join(EVALUATION_PLACES)}.")
+            raise PlanError(f"The plan file's \"evaluation\" is {evaluation!r}; set it to one of "
+                            f"{', '.join(EVALUATION_PLACES)}, or re-run `jaxrose tune` to make a new plan.")
         return Plan(data["program"], chunks, data["num_groups"], tuple(tuple(q) for q in data["quotas"]),
                     tuple(data["history"]), evaluation)
 
