@@ -153,3 +153,17 @@ def test_the_plans_shipped_from_the_h200_are_legal_for_the_ppo_program():
     plan = Plan.load(str(pathlib.Path(__file__).parents[1] / "docs/ablate/ant-mlp-h200-mps/tuned-plan.json"))
     validate(plan, program, graph)
     assert plan == unroll_loop(sequential_plan(program), program, "rollout_step")
+
+
+def test_a_plan_file_with_an_unknown_evaluation_place_is_refused_with_the_fix(tmp_path):
+    import json
+
+    from jaxrose.plan import Chunk, Plan, PlanError
+
+    data = json.loads(Plan("ppo", (Chunk("iteration", ("a",)),)).to_json())
+    assert data["evaluation"] == "inline"
+    data["evaluation"] = "gpu"
+    with pytest.raises(PlanError, match=r"\"evaluation\" is 'gpu'; set it to one of inline, process, or re-run"):
+        Plan.from_json(json.dumps(data))
+    del data["evaluation"]  # a plan saved before the field existed evaluates inline
+    assert Plan.from_json(json.dumps(data)).evaluation == "inline"
