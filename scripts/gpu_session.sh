@@ -57,7 +57,8 @@
 #   bg      NAME ARGS...: starts `jaxrose ARGS...` detached (setsid) in /tmp/bg/NAME, for a run longer than one
 #           call; it lives while the machine stays warm, so issue `collect` at once after each call returns
 #   collect NAME [SECONDS]: waits up to SECONDS (default 570) for that run, prints its [bench] lines and brings
-#           back its folder as NAME.tar.gz (partial while it runs); exit 3 while it is still running
+#           back its folder as NAME.tar.gz (partial while it runs); exit 3 while it is still running, exit 4 at once
+#           when the run is not on this machine (a fresh machine: the warm one went back between calls)
 # Measured on the H200 (BENCHMARKS.md, 2026-12-02): each MJX system needs 100-150 s before its steady window
 # (brax 204 s in all for arm-push-mlp at 20M), so brax + sim + sequential is 5-7 minutes per preset, and
 # ant-mlp's asynchronous system 270-310 s at 10M steps: plan one or two presets per call, or use bg/collect.
@@ -211,6 +212,11 @@ case "${1:?stage}" in
           notebooks/ablations.ipynb 2>&1 | tee "$out/notebooks.log" | grep "^\[notebook\]"
         rm -rf "$out"/notebooks/*/runs/compile-cache; find "$out/notebooks" -type d -name checkpoints -prune -exec rm -rf {} + ;;
   collect) name=${2:?name}; deadline=$(( $(date +%s) + ${3:-570} ))
+      # A machine given back between calls (30 s idle) comes back bare: fail at once rather than wait out the deadline
+      if [ ! -d "/tmp/bg/$name" ]; then
+        echo "collect: /tmp/bg/$name does not exist: this machine was started afresh (the one that ran it went back" \
+             "after its idle time), so that run is lost; start it again and collect in the same call" >&2; exit 4
+      fi
       while [ ! -f "/tmp/bg/$name/exit" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
       grep "\[bench\]\|\[notebook\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
       if [ -f "/tmp/bg/$name/exit" ]; then echo "exit $(cat /tmp/bg/$name/exit)"; else echo "still running"; exit 3; fi ;;
