@@ -39,6 +39,8 @@
 #   scale   [PRESET] [GPUS] [STEPS]: on a machine of several GPUs (nvidia-h200-x2 and up): one training run on 1 GPU,
 #           on GPUS pinned processes and on GPUS devices of one process, 4096 envs per GPU for ant-mlp
 #           (scripts/gpu_scale_check.py; ~3 min per run at 10M steps)
+#   tune    [PRESET]: jaxrose tune alone (evaluation placement included), ~5-9 min: bring back plan.json, commit it,
+#           then `TUNED_SYSTEMS=brax,sequential,tuned bash scripts/gpu_session.sh tuned PRESET 15000000 PLAN` (~6 min)
 #   plan    jaxrose plan and jaxrose tune on ant-mlp: measured profile, timelines, tuned plan (~5 min)
 #   suite   SPEC [SYSTEMS]: SPEC is PRESET:STEPS:SECONDS[:EVALS[:SYSTEMS]],... ; each preset with brax, sim,
 #           sequential (or its own SYSTEMS, joined by +; default 3 evaluations), each bounded by its SECONDS;
@@ -51,7 +53,7 @@
 #           tuning time and trials included (ant-mlp 15M: ~9 min); with PLAN (a saved plan, e.g. the H200
 #           ablation's docs/ablate/ant-mlp-h200-mps/tuned-plan.json, tuned with MPS) the tuned system trains with it, tuning nothing;
 #           TUNED_SYSTEMS=brax,sequential,tuned drops the others. Tuning now also tries the evaluation in its own
-#           process (3 short trainings): give it `TUNED_SECONDS=1100 bgstage tuned tuned` and two collects
+#           process (3 short trainings), which takes it past one call's 600 s: run `tune` first, then this with PLAN
 #   quota   ant-mlp 15M: overlapped with the evaluation process capped at 20% of the SMs
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 #   bg      NAME ARGS...: starts `jaxrose ARGS...` detached (setsid) in /tmp/bg/NAME, for a run longer than one
@@ -220,6 +222,11 @@ case "${1:?stage}" in
       while [ ! -f "/tmp/bg/$name/exit" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
       grep "\[bench\]\|\[notebook\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
       if [ -f "/tmp/bg/$name/exit" ]; then echo "exit $(cat /tmp/bg/$name/exit)"; else echo "still running"; exit 3; fi ;;
+  tune) # [PRESET]: jaxrose tune alone, evaluation placement included; its plan.json and tune.json come back, to
+        # commit and hand to `tuned PRESET STEPS PLAN` in the next call (each call fits the 600 s limit, so a machine
+        # given back between the calls loses nothing)
+        timeout 580 python3 -m jaxrose.cli tune --preset "${2:-ant-mlp}" --out "$out/tune" > "$out/tune.log" 2>&1
+        echo "exit $?"; grep -v "warp\|warn" "$out/tune.log" | tail -n 12 ;;
   plan) timeout 250 python3 -m jaxrose.cli plan --preset "${2:-ant-mlp}" --out "$out/plan" > "$out/plan.log" 2>&1;
         timeout 300 python3 -m jaxrose.cli tune --preset "${2:-ant-mlp}" --iterations 5 --out "$out/tune" > "$out/tune.log" 2>&1;
         tail -n 5 "$out/plan.log" "$out/tune.log" ;;
