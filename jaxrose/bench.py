@@ -86,6 +86,9 @@ class BenchConfig:
            "max_candidates); fewer shortens the tuning", int)
     tune_groups: bool = _setting(True, "whether the `tuned` system's `jaxrose tune` tries spreading the rollout over "
                                        "group processes (the `groups` switch)", _boolean)
+    tune_evaluation_placement: bool = _setting(
+        True, "whether the `tuned` system's `jaxrose tune` tries the evaluation in its own process (three short "
+              "trainings over whole evaluation periods)", _boolean)
     tuned_plan: Optional[str] = _setting(
         None, "a saved plan (from `jaxrose tune`, `jaxrose ablate`'s plans.json entry or Plan.save) for the `tuned` "
               "system, which then trains with it without tuning in this run (default: tune first)")
@@ -368,19 +371,20 @@ def run_spread(config, sampler, processes: int) -> dict:
 
 
 def run_tuned(config, sampler, tune_iterations: int, groups: bool = True, plan_path: Optional[str] = None,
-              max_candidates: int = 4) -> dict:
+              max_candidates: int = 4, place_evaluation: bool = True) -> dict:
     """`jaxrose tune` with every switch on, then training with the plan it kept, evaluation where that plan
     puts it (tune tries it in its own process and keeps that only if it measures faster), all in one fresh
     process (it joins MPS before its GPU starts). The summary carries the tuning time and every candidate
     tried, kept or not; the steady window excludes the tuning. With `plan_path` (a plan tuned earlier) it
     trains with that plan and tunes nothing. `max_candidates` is tune's limit on the planner candidates
-    measured per round."""
+    measured per round; `place_evaluation` false keeps the evaluation inline without trying it."""
     return _run_in_child("_tuned_child", config, sampler,
-                         extra=(tune_iterations, groups, plan_path and os.path.abspath(plan_path), max_candidates))
+                         extra=(tune_iterations, groups, plan_path and os.path.abspath(plan_path), max_candidates,
+                                place_evaluation))
 
 
 def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, groups: bool,
-                 plan_path: Optional[str] = None, max_candidates: int = 4) -> None:
+                 plan_path: Optional[str] = None, max_candidates: int = 4, place_evaluation: bool = True) -> None:
     import pickle
     import tempfile
 
@@ -399,11 +403,12 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
         else:
             from jaxrose.tune import Switches, tune
 
-            tuned = tune(config, Switches(groups=groups), max_candidates, iterations=tune_iterations)
+            tuned = tune(config, Switches(groups=groups), max_candidates, iterations=tune_iterations,
+                         place_evaluation=place_evaluation)
             plan, plan_path = tuned.plan, os.path.join(tmp, "plan.json")
             plan.save(plan_path)
             tuning = {"tuning_seconds": tuned.tuning_seconds, "iterations_per_measurement": tune_iterations,
-                      "max_candidates": max_candidates,
+                      "max_candidates": max_candidates, "evaluation_placement_tried": place_evaluation,
                       "switches": dataclasses.asdict(Switches(groups=groups)),
                       "baseline_seconds": tuned.baseline_seconds, "final_seconds": tuned.final_seconds,
                       "noise_seconds": tuned.noise_seconds, "speedup_per_iteration": tuned.speedup,
@@ -768,7 +773,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                         systems[name] = run_spread(config, sampler, bench.spread_processes)
                     elif name == "tuned":
                         systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups,
-                                                  bench.tuned_plan, bench.tune_max_candidates)
+                                                  bench.tuned_plan, bench.tune_max_candidates,
+                                                  bench.tune_evaluation_placement)
                     elif name == "async":
                         systems[name] = run_async(config, sampler, bench.async_group_levels)
                     else:

@@ -126,7 +126,7 @@ def test_tuned_system_reports_its_tuning_and_keeps_the_same_results(bench_run):
     assert tuning["candidates_tried"] == len(tuning["trials"]) >= tuning["candidates_kept"]
     assert all({"description", "kept", "reason"} <= set(t) for t in tuning["trials"])
     # --tune-max-candidates 0 reached tune: no planner candidate was tried, only the rollout-loop unrolling.
-    assert tuning["max_candidates"] == 0
+    assert tuning["max_candidates"] == 0 and tuning["evaluation_placement_tried"] is True  # the default
     assert [t["description"] for t in tuning["trials"] if t["measured_seconds"] is not None] == \
         ["unroll loop rollout_step", "evaluation in its own process"]
     # The system trained with the evaluation where tune left it: in a worker exactly when that trial was kept.
@@ -188,6 +188,11 @@ def test_tune_max_candidates_defaults_to_tunes_limit_and_must_not_be_negative():
     assert parse_args(["--tune-max-candidates", "2"]).tune_max_candidates == 2
     with pytest.raises(ConfigError, match="--tune-max-candidates must be >= 0, got -1"):
         parse_args(["--tune-max-candidates", "-1"])
+
+
+def test_tune_evaluation_placement_is_on_by_default_and_can_be_switched_off():
+    assert parse_args([]).tune_evaluation_placement is True
+    assert parse_args(["--tune-evaluation-placement", "false"]).tune_evaluation_placement is False
 
 
 def test_tuned_plan_must_be_a_file():
