@@ -1,5 +1,7 @@
 """Autotuning end to end on CPU: every kept change measured faster by more than the noise."""
 
+import os
+
 import pytest
 
 from jaxrose.graph import build_graph
@@ -9,9 +11,17 @@ from jaxrose.sequential import SequentialExecutor
 from jaxrose.tune import Switches, tune
 
 
-def test_tune_keeps_only_measured_improvements(tiny_config):
+def test_tune_keeps_only_measured_improvements(tiny_config, tmp_path, monkeypatch):
+    import jax
+
+    # Tuning compiles through a persistent cache of its own when the run names none, then gives this
+    # process its previous setting back.
+    monkeypatch.setattr("jaxrose.tune.default_compile_cache", lambda: str(tmp_path / "cache"))
+    before = jax.config.jax_compilation_cache_dir
     # The evaluation's placement is judged on another measure (test_evaluation_placement_* below).
     result = tune(tiny_config, max_candidates=2, iterations=2, place_evaluation=False)
+    assert jax.config.jax_compilation_cache_dir == before and tiny_config.run.compile_cache is None
+    assert os.listdir(tmp_path / "cache"), "the tuning's compiles went through its cache"
     assert result.baseline_seconds > 0 and result.final_seconds > 0 and result.tuning_seconds > 0
     assert result.trials, "the planner proposes at least the overlap of the metrics stage"
     current = result.baseline_seconds
