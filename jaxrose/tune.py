@@ -182,8 +182,8 @@ def _with_compile_cache(config: TrainConfig) -> TrainConfig:
 @contextlib.contextmanager
 def tuning_compile_cache(config: TrainConfig) -> Iterator[str]:
     """Tuning compiles the same programs over and over: the noise runs, every candidate, the evaluation
-    trials and their worker processes. Through a persistent compile cache the repeats are loads (on this
-    2-core CPU machine the bench's tiny tuning took 61 s instead of 104 s). The run's `run.compile_cache`
+    trials and their worker processes. Through a persistent compile cache the repeats are loads (on a 2-core
+    CPU machine the bench's tiny tuning took 30.7 s instead of 56.9 s, BENCHMARKS.md). The run's `run.compile_cache`
     when set (it stays this process's cache, as in `train`), else `default_compile_cache()` for the
     tuning only: this process's previous cache setting is restored afterwards."""
     from jaxrose.train import use_compile_cache
