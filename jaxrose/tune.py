@@ -173,10 +173,16 @@ def default_compile_cache() -> str:
     return os.path.join(tempfile.gettempdir(), f"jaxrose-compile-cache-{os.getuid()}")
 
 
+def _tuning_cache_folder(config: TrainConfig) -> str:
+    """The run's cache, else the one this process already compiles through (e.g. JAX_COMPILATION_CACHE_DIR),
+    else `default_compile_cache()`."""
+    return config.run.compile_cache or jax.config.jax_compilation_cache_dir or default_compile_cache()
+
+
 def _with_compile_cache(config: TrainConfig) -> TrainConfig:
     from jaxrose.config import replace
 
-    return config if config.run.compile_cache else replace(config, **{"run.compile_cache": default_compile_cache()})
+    return config if config.run.compile_cache else replace(config, **{"run.compile_cache": _tuning_cache_folder(config)})
 
 
 @contextlib.contextmanager
@@ -184,13 +190,14 @@ def tuning_compile_cache(config: TrainConfig) -> Iterator[str]:
     """Tuning compiles the same programs over and over: the noise runs, every candidate, the evaluation
     trials and their worker processes. Through a persistent compile cache the repeats are loads (on a 2-core
     CPU machine the bench's tiny tuning took 30.7 s instead of 56.9 s, BENCHMARKS.md). The run's `run.compile_cache`
-    when set (it stays this process's cache, as in `train`), else `default_compile_cache()` for the
-    tuning only: this process's previous cache setting is restored afterwards."""
+    when set (it stays this process's cache, as in `train`), else the cache this process already uses,
+    else `default_compile_cache()` for the tuning only: this process's previous setting is restored afterwards."""
     from jaxrose.train import use_compile_cache
 
-    folder = _with_compile_cache(config).run.compile_cache
-    if config.run.compile_cache:
-        use_compile_cache(folder)
+    folder = _tuning_cache_folder(config)
+    if config.run.compile_cache or jax.config.jax_compilation_cache_dir:
+        if config.run.compile_cache:
+            use_compile_cache(folder)
         yield folder
         return
     previous = {name: getattr(jax.config, name)

@@ -11,16 +11,30 @@ from jaxrose.sequential import SequentialExecutor
 from jaxrose.tune import Switches, tune
 
 
-def test_tune_keeps_only_measured_improvements(tiny_config, tmp_path, monkeypatch):
+@pytest.fixture
+def no_process_compile_cache():
+    """This process without a persistent compile cache (the suite's conftest gives it one), restored after."""
     import jax
 
-    # Tuning compiles through a persistent cache of its own when the run names none, then gives this
-    # process its previous setting back.
+    from jaxrose.tune import _reset_compile_cache
+
+    suite_cache = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    _reset_compile_cache()
+    yield
+    jax.config.update("jax_compilation_cache_dir", suite_cache)
+    _reset_compile_cache()
+
+
+def test_tune_keeps_only_measured_improvements(tiny_config, tmp_path, monkeypatch, no_process_compile_cache):
+    import jax
+
+    # Neither the run nor this process names a compile cache: tuning compiles through one of its own,
+    # then gives this process its previous setting (none) back.
     monkeypatch.setattr("jaxrose.tune.default_compile_cache", lambda: str(tmp_path / "cache"))
-    before = jax.config.jax_compilation_cache_dir
     # The evaluation's placement is judged on another measure (test_evaluation_placement_* below).
     result = tune(tiny_config, max_candidates=2, iterations=2, place_evaluation=False)
-    assert jax.config.jax_compilation_cache_dir == before and tiny_config.run.compile_cache is None
+    assert jax.config.jax_compilation_cache_dir is None and tiny_config.run.compile_cache is None
     assert os.listdir(tmp_path / "cache"), "the tuning's compiles went through its cache"
     assert result.baseline_seconds > 0 and result.final_seconds > 0 and result.tuning_seconds > 0
     assert result.trials, "the planner proposes at least the overlap of the metrics stage"
@@ -39,6 +53,25 @@ def test_tune_keeps_only_measured_improvements(tiny_config, tmp_path, monkeypatc
     assert any("rollout_step" in chunk.unrolled for chunk in result.plan.chunks) == unroll[0].kept
     program = SequentialExecutor(tiny_config).program
     validate(result.plan, program, build_graph(program, ITERATION_INPUTS))
+
+
+def test_tuning_compiles_through_the_runs_cache_else_the_processs_else_its_own(tiny_config, tmp_path, monkeypatch,
+                                                                                no_process_compile_cache):
+    import jax
+
+    from jaxrose.config import replace
+    from jaxrose.tune import tuning_compile_cache
+
+    monkeypatch.setattr("jaxrose.tune.default_compile_cache", lambda: str(tmp_path / "own"))
+    with tuning_compile_cache(tiny_config) as folder:
+        assert folder == str(tmp_path / "own") == jax.config.jax_compilation_cache_dir
+    assert jax.config.jax_compilation_cache_dir is None  # restored
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "process"))
+    with tuning_compile_cache(tiny_config) as folder:
+        assert folder == str(tmp_path / "process") == jax.config.jax_compilation_cache_dir
+    run = replace(tiny_config, **{"run.compile_cache": str(tmp_path / "run")})
+    with tuning_compile_cache(run) as folder:  # the run's cache becomes this process's, as in `train`
+        assert folder == str(tmp_path / "run") == jax.config.jax_compilation_cache_dir
 
 
 def test_switches_reproduce_an_ablation(tiny_config):
