@@ -18,7 +18,8 @@
 #           grow each actor's batch among LEVELS env groups of 4096 (default 1,2,4), 30M steps, 6 evaluations;
 #           started with bg (~6-7 min): follow with `collect grow`; GROW_ARGS adds train settings (e.g.
 #           "--run.resources.grow-keeps update_size --run.max-policy-lag 7")
-#   bf16    [PRESET]: pusher-transformer with bfloat16 networks: sequential and async, then float32 sequential (bg, ~8-10 min)
+#   bf16    [PRESET]: pusher-transformer with bfloat16 networks: sequential and async (bg, ~7.5 min: `bf16; collect bf16 560`)
+#   fp32    [PRESET]: the float32 sequential system at bf16's settings (~4 min)
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
 #           compile cache it reuses), with the learner and the evaluator capped if given (~4 min)
 #   async-actors [N]: the async system with N actors (default 2) splitting the 4096 envs (~2-3 min);
@@ -108,16 +109,18 @@ case "${1:?stage}" in
          --systems async,brax,sequential,sim --repeats 3 --out /tmp/bg/async/results --record /tmp/bg/async/BENCH.md \
          -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${2:+--run.learner-sm-percentage $2} ;;
   bf16) # [PRESET]: the inference-heavy preset with its networks computing in bfloat16 (network.compute_dtype): sequential
-        # and async (session 22's settings) in one run, then sequential in float32 for the learner's speed-up;
-        # started detached (~8-10 min): follow with `collect bf16`
+        # and async (session 22's settings) in one run, started detached (~7.5 min): follow with `collect bf16` in
+        # the same call (`bf16; collect bf16 560`); then `fp32` in the next call for the float32 sequential run
         p=${2:-pusher-transformer}
         detach bf16 sh -c "python3 -m jaxrose.cli bench --preset $p --total-env-steps 3000000 --num-evals 3 \
           --systems sequential,async --repeats 3 --async-group-levels 1,2,4 --out /tmp/bg/bf16/out/bf16 \
           --record /tmp/bg/bf16/out/BENCH_bf16.md -- --network.compute-dtype bfloat16 --run.actors 1 \
           --run.compile-cache /tmp/bg/cc --run.max-policy-lag 7 --run.resources.interval 2 \
-          --run.learner-priority below-normal --run.eval-priority below-normal; \
-          python3 -m jaxrose.cli bench --preset $p --total-env-steps 3000000 --num-evals 3 --systems sequential \
-          --repeats 3 --out /tmp/bg/bf16/out/fp32 --record /tmp/bg/bf16/out/BENCH_fp32.md -- --run.compile-cache /tmp/bg/cc" ;;
+          --run.learner-priority below-normal --run.eval-priority below-normal" ;;
+  fp32) # [PRESET]: bf16's float32 sequential system alone (the learner's speed-up from bfloat16), ~4 min
+        timeout 420 python3 -m jaxrose.cli bench --preset "${2:-pusher-transformer}" --total-env-steps 3000000 \
+          --num-evals 3 --systems sequential --repeats 3 --out "$out/fp32" --record "$out/BENCH_fp32.md" \
+          -- --run.compile-cache /tmp/bg/cc > "$out/fp32.log" 2>&1; grep "\[bench\]" "$out/fp32.log" ;;
   grow) start_bg grow bench --preset ant-mlp --total-env-steps "${2:-30000000}" --num-evals 6 --systems async,brax \
          --repeats 3 --async-group-levels "${3:-1,2,4}" --out /tmp/bg/grow/results --record /tmp/bg/grow/BENCH.md \
          -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${GROW_ARGS:---run.max-policy-lag 7 --run.resources.interval 2} ;;
