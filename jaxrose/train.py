@@ -34,7 +34,7 @@ from jaxrose.runtime import MAIN, executor_for
 from jaxrose.plotting import plot_learning_curve
 from jaxrose.sequential import RunState, SequentialExecutor
 
-__all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "train", "use_compile_cache"]
+__all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "reset_compile_cache", "train", "use_compile_cache"]
 
 
 class TerminatedError(KeyboardInterrupt):
@@ -140,11 +140,24 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
 
 
 def use_compile_cache(folder: str) -> None:
-    """This process compiles through the persistent cache its workers share (`run.compile_cache`)."""
+    """This process compiles through the persistent cache its workers share (`run.compile_cache`); a
+    later run naming another folder moves it there."""
     folder = os.path.abspath(os.path.expanduser(folder))
     os.makedirs(folder, exist_ok=True)
+    moved = jax.config.jax_compilation_cache_dir != folder
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    if moved:
+        reset_compile_cache()
+
+
+def reset_compile_cache() -> None:
+    """JAX opens its persistent cache once per process, at the first compile, and keeps that folder: reset,
+    it opens the folder set now at the next compile."""
+    from jax._src import compilation_cache  # no public reset; guarded in case a JAX release moves it
+
+    if hasattr(compilation_cache, "reset_cache"):
+        compilation_cache.reset_cache()
 
 
 class _TrainingLoop:

@@ -192,7 +192,7 @@ def tuning_compile_cache(config: TrainConfig) -> Iterator[str]:
     CPU machine the bench's tiny tuning took 30.7 s instead of 56.9 s, BENCHMARKS.md). The run's `run.compile_cache`
     when set (it stays this process's cache, as in `train`), else the cache this process already uses,
     else `default_compile_cache()` for the tuning only: this process's previous setting is restored afterwards."""
-    from jaxrose.train import use_compile_cache
+    from jaxrose.train import reset_compile_cache, use_compile_cache
 
     folder = _tuning_cache_folder(config)
     if config.run.compile_cache or jax.config.jax_compilation_cache_dir:
@@ -203,22 +203,12 @@ def tuning_compile_cache(config: TrainConfig) -> Iterator[str]:
     previous = {name: getattr(jax.config, name)
                 for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
     use_compile_cache(folder)
-    _reset_compile_cache()
     try:
         yield folder
     finally:
         for name, value in previous.items():
             jax.config.update(name, value)
-        _reset_compile_cache()
-
-
-def _reset_compile_cache() -> None:
-    """JAX opens its persistent cache once per process, at the first compile: reset, it opens the folder
-    set now at the next compile."""
-    from jax._src import compilation_cache  # no public reset; guarded in case a JAX release moves it
-
-    if hasattr(compilation_cache, "reset_cache"):
-        compilation_cache.reset_cache()
+        reset_compile_cache()
 
 
 def tune(config: TrainConfig, switches: Switches = Switches(), max_candidates: int = 4,

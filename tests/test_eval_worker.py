@@ -68,11 +68,14 @@ def test_workers_share_the_persistent_compile_cache(tiny_config, tmp_path):
                                      "run.compile_cache": str(cache)})
     import jax
 
+    from jaxrose.train import reset_compile_cache
+
     previous = jax.config.jax_compilation_cache_dir
     try:
         train(config)
-    finally:
+    finally:  # back to the suite's cache (train moved this process to the run's)
         jax.config.update("jax_compilation_cache_dir", previous)
+        reset_compile_cache()
     entries = list(cache.iterdir())
     assert entries, "the cache folder holds compiled programs"
     assert any("evaluate" in p.name for p in entries), [p.name for p in entries][:5]

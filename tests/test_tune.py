@@ -16,14 +16,14 @@ def no_process_compile_cache():
     """This process without a persistent compile cache (the suite's conftest gives it one), restored after."""
     import jax
 
-    from jaxrose.tune import _reset_compile_cache
+    from jaxrose.train import reset_compile_cache
 
     suite_cache = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", None)
-    _reset_compile_cache()
+    reset_compile_cache()
     yield
     jax.config.update("jax_compilation_cache_dir", suite_cache)
-    _reset_compile_cache()
+    reset_compile_cache()
 
 
 def test_tune_keeps_only_measured_improvements(tiny_config, tmp_path, monkeypatch, no_process_compile_cache):
@@ -69,9 +69,14 @@ def test_tuning_compiles_through_the_runs_cache_else_the_processs_else_its_own(t
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "process"))
     with tuning_compile_cache(tiny_config) as folder:
         assert folder == str(tmp_path / "process") == jax.config.jax_compilation_cache_dir
+        jax.jit(lambda x: x * 5.0 - 2.0)(jax.numpy.arange(5.0))  # JAX opens the process's cache here
+    process_entries = set(os.listdir(tmp_path / "process"))
+    assert process_entries
     run = replace(tiny_config, **{"run.compile_cache": str(tmp_path / "run")})
     with tuning_compile_cache(run) as folder:  # the run's cache becomes this process's, as in `train`
         assert folder == str(tmp_path / "run") == jax.config.jax_compilation_cache_dir
+        jax.jit(lambda x: x * 3.0 + 1.0)(jax.numpy.arange(5.0))  # compiled after the move: lands in the run's
+    assert os.listdir(tmp_path / "run") and set(os.listdir(tmp_path / "process")) == process_entries
 
 
 def test_switches_reproduce_an_ablation(tiny_config):
