@@ -34,7 +34,8 @@ from jaxrose.runtime import MAIN, executor_for
 from jaxrose.plotting import plot_learning_curve
 from jaxrose.sequential import RunState, SequentialExecutor
 
-__all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "reset_compile_cache", "train", "use_compile_cache"]
+__all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "reset_compile_cache", "train",
+           "use_compile_cache"]
 
 
 class TerminatedError(KeyboardInterrupt):

@@ -173,35 +173,34 @@ def default_compile_cache() -> str:
     return os.path.join(tempfile.gettempdir(), f"jaxrose-compile-cache-{os.getuid()}")
 
 
-def _tuning_cache_folder(config: TrainConfig) -> str:
-    """The run's cache, else the one this process already compiles through (e.g. JAX_COMPILATION_CACHE_DIR),
-    else `default_compile_cache()`."""
-    return config.run.compile_cache or jax.config.jax_compilation_cache_dir or default_compile_cache()
-
-
 def _with_compile_cache(config: TrainConfig) -> TrainConfig:
+    """`config` naming the cache its measurements (and their worker processes) compile through: its own,
+    else the one this process already uses, else `default_compile_cache()` (see `tuning_compile_cache`)."""
     from jaxrose.config import replace
 
-    return config if config.run.compile_cache else replace(config, **{"run.compile_cache": _tuning_cache_folder(config)})
+    if config.run.compile_cache:
+        return config
+    return replace(config, **{"run.compile_cache": jax.config.jax_compilation_cache_dir or default_compile_cache()})
 
 
 @contextlib.contextmanager
 def tuning_compile_cache(config: TrainConfig) -> Iterator[str]:
     """Tuning compiles the same programs over and over: the noise runs, every candidate, the evaluation
     trials and their worker processes. Through a persistent compile cache the repeats are loads (on a 2-core
-    CPU machine the bench's tiny tuning took 30.7 s instead of 56.9 s, BENCHMARKS.md). The run's `run.compile_cache`
-    when set (it stays this process's cache, as in `train`), else the cache this process already uses,
-    else `default_compile_cache()` for the tuning only: this process's previous setting is restored afterwards."""
+    CPU machine the bench's tiny tuning took 30.7 s instead of 56.9 s, BENCHMARKS.md)."""
     from jaxrose.train import reset_compile_cache, use_compile_cache
 
-    folder = _tuning_cache_folder(config)
-    if config.run.compile_cache or jax.config.jax_compilation_cache_dir:
-        if config.run.compile_cache:
-            use_compile_cache(folder)
-        yield folder
+    if config.run.compile_cache:  # the run's: it stays this process's cache, as in `train`
+        use_compile_cache(config.run.compile_cache)
+        yield config.run.compile_cache
         return
+    if jax.config.jax_compilation_cache_dir:  # the one this process already compiles through
+        yield jax.config.jax_compilation_cache_dir
+        return
+    # Neither: `default_compile_cache()` for the tuning only, this process's previous setting restored after.
     previous = {name: getattr(jax.config, name)
                 for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    folder = default_compile_cache()
     use_compile_cache(folder)
     try:
         yield folder
