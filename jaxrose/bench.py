@@ -409,11 +409,7 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
             plan.save(plan_path)
             tuning = {"tuning_seconds": tuned.tuning_seconds, "iterations_per_measurement": tune_iterations,
                       "max_candidates": max_candidates, "evaluation_placement_tried": place_evaluation,
-                      "switches": dataclasses.asdict(Switches(groups=groups)),
-                      "baseline_seconds": tuned.baseline_seconds, "final_seconds": tuned.final_seconds,
-                      "noise_seconds": tuned.noise_seconds, "speedup_per_iteration": tuned.speedup,
-                      "candidates_tried": len(tuned.trials), "candidates_kept": sum(t.kept for t in tuned.trials),
-                      "trials": [dataclasses.asdict(t) for t in tuned.trials]}
+                      "switches": dataclasses.asdict(Switches(groups=groups)), **tuned.report()}
         summary, result = run_sequential(replace(config, **{"run.plan": plan_path}), _ClockOnlySampler())
     summary.update(eval_worker=result.eval_worker, plan=str(plan), tuning=tuning)
     with open(summary_path, "w") as f:

@@ -62,10 +62,34 @@ class TuneResult:
     trials: list[Trial]
     tuning_seconds: float
     measurements_reused: int = 0  # end-to-end measurements and profiles read from a shared `Measurements`
+    # The evaluation-placement trial's seconds per iteration, evaluations included: with the evaluation inline
+    # and where the chosen plan puts it (equal when it stays inline); None when that trial measured nothing.
+    # `baseline_seconds`/`final_seconds` time iterations without evaluations, so they cannot show its gain.
+    inline_evaluation_seconds: Optional[float] = None
+    placed_evaluation_seconds: Optional[float] = None
 
     @property
     def speedup(self) -> float:
+        """Per iteration, evaluations left out."""
         return self.baseline_seconds / self.final_seconds
+
+    @property
+    def speedup_with_evaluations(self) -> Optional[float]:
+        """Of the evaluation's placement, per iteration with evaluations included; None when not measured."""
+        if self.placed_evaluation_seconds is None:
+            return None
+        return self.inline_evaluation_seconds / self.placed_evaluation_seconds
+
+    def report(self) -> dict:
+        """What `tune.json` and the benchmark record: the measured seconds, both speedups and every trial."""
+        return {"baseline_seconds": self.baseline_seconds, "final_seconds": self.final_seconds,
+                "noise_seconds": self.noise_seconds, "speedup_per_iteration": self.speedup,
+                "inline_evaluation_seconds": self.inline_evaluation_seconds,
+                "placed_evaluation_seconds": self.placed_evaluation_seconds,
+                "speedup_with_evaluations": self.speedup_with_evaluations,
+                "tuning_seconds": self.tuning_seconds, "candidates_tried": len(self.trials),
+                "candidates_kept": sum(t.kept for t in self.trials),
+                "trials": [dataclasses.asdict(t) for t in self.trials]}
 
 
 def measure_plan(config: TrainConfig, plan: Plan, iterations: int = 5, seed: Optional[int] = None,
@@ -265,13 +289,15 @@ def _tune(config: TrainConfig, switches: Switches, max_candidates: int, iteratio
     if switches.restructure:
         current, current_seconds = _tune_loops(measure, program, current, current_seconds, noise, switches, trials)
     current, current_seconds = _tune_quotas(config, measure, current, current_seconds, noise, switches, trials)
+    inline_seconds = placed_seconds = None
     if place_evaluation:
         def measure_evaluation(plan: Plan, count: int) -> list[float]:
             return measurements.evaluation_runs(plan, evaluation_periods, count)
 
-        current = _tune_evaluation(config, measure_evaluation, current, switches, trials)
+        current, inline_seconds, placed_seconds = _tune_evaluation(config, measure_evaluation, current, switches,
+                                                                   trials)
     return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start,
-                      measurements.reused - reused_before)
+                      measurements.reused - reused_before, inline_seconds, placed_seconds)
 
 
 Measure = Callable[[Plan], float]  # a plan's median seconds per iteration, measured end to end
@@ -354,22 +380,23 @@ EvaluationMeasure = Callable[[Plan, int], list]  # `count` runs of a plan, secon
 
 
 def _tune_evaluation(config: TrainConfig, measure: EvaluationMeasure, plan: Plan, switches: Switches,
-                     trials: list[Trial]) -> Plan:
+                     trials: list[Trial]) -> tuple[Plan, Optional[float], Optional[float]]:
     """The evaluation in its own process, kept only if training with it, evaluations included, is faster
     than with the evaluation inline by more than the noise of two inline measurements. The planner's
     stage profile covers the iteration only, so there is no model prediction: with validation off it
-    is not tried."""
+    is not tried. Returns the chosen plan and its seconds per iteration with evaluations included, inline
+    and as chosen (None, None when nothing was measured)."""
     description = "evaluation in its own process"
     if not switches.overlap:
-        return plan
+        return plan, None, None
     if config.run.num_evals <= 1 or plan.evaluation != "inline" or config.run.eval_mode != "inline":
         reason = "no periodic evaluation" if config.run.num_evals <= 1 else "the run already evaluates in a process"
         trials.append(Trial(description, 0.0, None, False, f"skipped: {reason}"))
-        return plan
+        return plan, None, None
     if not switches.validate:
         trials.append(Trial(description, 0.0, None, False,
                             "skipped: with validation off only model predictions count, and none exists for it"))
-        return plan
+        return plan, None, None
     first, second = measure(plan, 2)
     candidate = evaluate_in_process(plan)
     seconds = measure(candidate, 1)[0]
@@ -378,7 +405,7 @@ def _tune_evaluation(config: TrainConfig, measure: EvaluationMeasure, plan: Plan
     trials.append(Trial(description, 0.0, seconds, kept,
                         f"{seconds * 1e3:.2f} ms vs {inline * 1e3:.2f} ms ± {noise * 1e3:.2f} ms noise per iteration, "
                         f"evaluations included"))
-    return candidate if kept else plan
+    return (candidate, inline, seconds) if kept else (plan, inline, inline)
 
 
 def _tune_quotas(config, measure: Measure, plan: Plan, seconds: float, noise: float, switches: Switches,
@@ -428,15 +455,15 @@ def main(args: list[str]) -> None:
     out = options.out or os.path.join("plans", options.preset)
     os.makedirs(out, exist_ok=True)
     result.plan.save(os.path.join(out, "plan.json"))
-    report = {"switches": dataclasses.asdict(switches), "baseline_seconds": result.baseline_seconds,
-              "final_seconds": result.final_seconds, "noise_seconds": result.noise_seconds,
-              "speedup": result.speedup, "tuning_seconds": result.tuning_seconds,
-              "trials": [dataclasses.asdict(t) for t in result.trials]}
+    report = {"switches": dataclasses.asdict(switches), **result.report()}
     with open(os.path.join(out, "tune.json"), "w") as f:
         json.dump(report, f, indent=2)
     for trial in result.trials:
         print(f"{'kept   ' if trial.kept else 'dropped'} {trial.description}: {trial.reason}")
     print(f"iteration {result.baseline_seconds * 1e3:.2f} ms -> {result.final_seconds * 1e3:.2f} ms "
-          f"({result.speedup:.3f}x); {len(result.trials)} candidates tried, "
+          f"({result.speedup:.3f}x, evaluations left out); {len(result.trials)} candidates tried, "
           f"{sum(t.kept for t in result.trials)} kept; tuning took {result.tuning_seconds:.1f} s")
+    if result.speedup_with_evaluations is not None:
+        print(f"with evaluations: {result.inline_evaluation_seconds * 1e3:.2f} ms per iteration inline -> "
+              f"{result.placed_evaluation_seconds * 1e3:.2f} ms as placed ({result.speedup_with_evaluations:.3f}x)")
     print(f"plan: {os.path.join(out, 'plan.json')} (run it with --run.plan)")

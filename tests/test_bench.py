@@ -132,6 +132,12 @@ def test_tuned_system_reports_its_tuning_and_keeps_the_same_results(bench_run):
     # The system trained with the evaluation where tune left it: in a worker exactly when that trial was kept.
     evaluation_kept = tuning["trials"][-1]["kept"]
     assert bool(tuned["eval_worker"]) == evaluation_kept
+    # Its gain is reported with evaluations included (the per-iteration speedup leaves evaluations out):
+    # the placed seconds are that trial's measurement when kept, the inline seconds when not.
+    placed, inline = tuning["placed_evaluation_seconds"], tuning["inline_evaluation_seconds"]
+    assert placed == (tuning["trials"][-1]["measured_seconds"] if evaluation_kept else inline)
+    assert tuning["speedup_with_evaluations"] == pytest.approx(inline / placed)
+    assert tuning["speedup_per_iteration"] == pytest.approx(tuning["baseline_seconds"] / tuning["final_seconds"])
     assert ("evaluation: in its own process" in tuned["plan"]) == evaluation_kept
     assert tuned["plan"]
     # Whatever plan tune kept computes what the sequential executor computes.

@@ -47,6 +47,9 @@ def test_tune_keeps_only_measured_improvements(tiny_config, tmp_path, monkeypatc
         if trial.kept:
             current = trial.measured_seconds
     assert result.final_seconds == pytest.approx(current)
+    # No evaluation-placement trial: nothing measured with evaluations, so no speedup claimed for them.
+    assert result.speedup_with_evaluations is None
+    assert result.report()["speedup_per_iteration"] == pytest.approx(result.baseline_seconds / current)
     # The nested rollout-step loop is tried unrolled, judged by its measurement like every candidate.
     unroll = [t for t in result.trials if t.description == "unroll loop rollout_step"]
     assert len(unroll) == 1 and unroll[0].measured_seconds > 0
@@ -124,8 +127,10 @@ def test_evaluation_placement_is_kept_only_when_measured_faster_than_inline_by_t
 
     plan = sequential_plan(SequentialExecutor(tiny_config).program)
     measure, trials = FakeEvaluationMeasure([1.00, 1.02], process_seconds), []
-    chosen = _tune_evaluation(tiny_config, measure, plan, Switches(), trials)
+    chosen, inline_seconds, placed_seconds = _tune_evaluation(tiny_config, measure, plan, Switches(), trials)
     assert measure.asked == [("inline", 2), ("process", 1)]
+    # What the result reports with evaluations included: the faster inline run, and the chosen placement's
+    assert (inline_seconds, placed_seconds) == (1.00, process_seconds if kept else 1.00)
     assert [(t.description, t.measured_seconds, t.kept) for t in trials] == \
         [("evaluation in its own process", process_seconds, kept)]
     assert chosen.evaluation == ("process" if kept else "inline")
@@ -145,7 +150,7 @@ def test_evaluation_placement_respects_the_switches_and_the_run(tiny_config):
             (replace(tiny_config, **{"run.num_evals": 1}), Switches(), plan, "skipped: no periodic evaluation"),
             (tiny_config, Switches(), evaluate_in_process(plan), "skipped: the run already evaluates in a process")]:
         trials = []
-        assert _tune_evaluation(config, measure, chosen_plan, switches, trials) == chosen_plan
+        assert _tune_evaluation(config, measure, chosen_plan, switches, trials) == (chosen_plan, None, None)
         assert [t.reason[:len(reason)] for t in trials] == ([reason] if reason else [])
     assert measure.asked == []  # nothing measured in any of these
 
