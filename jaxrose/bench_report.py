@@ -112,8 +112,31 @@ def render_markdown(results: dict) -> str:
                   "| --- | ---: | ---: | ---: |"]
         lines += [f"| {SYSTEM_LABELS[n]} | {_fmt(s['steps_to_threshold'])} | {_fmt(s['seconds_to_threshold'], '.1f')} "
                   f"| {_fmt(s.get('wall_seconds_to_threshold'), '.1f')} |" for n, s in timed.items()]
-    lines += ["", *_eval_lines(results), *_notes(results), ""]
+    lines += ["", *_eval_lines(results), *_tuning_lines(results), *_notes(results), ""]
     return "\n".join(lines)
+
+
+def _tuning_lines(results: dict) -> list[str]:
+    """The tuned system's tuning as #7 asks it recorded: time, candidates tried and kept, both speedups; or the
+    saved plan it trained with, nothing tuned in the run."""
+    summary = results["systems"].get("tuned", {})
+    tuning = summary.get("tuning") if summary.get("status") == "ok" else None
+    if not tuning:
+        return []
+    label = SYSTEM_LABELS["tuned"]
+    if tuning.get("plan_file"):
+        history = "; ".join(tuning.get("history") or []) or "the sequential plan"
+        return [f"- {label}: trained with the saved plan {tuning['plan_file']} ({history}); nothing tuned in this run"]
+    line = (f"- {label}: tuning took {_fmt(tuning['tuning_seconds'], '.1f')} s, {tuning['candidates_tried']} "
+            f"candidates tried, {tuning['candidates_kept']} kept; per iteration without evaluations "
+            f"{_fmt(1e3 * tuning['baseline_seconds'], '.2f')} -> {_fmt(1e3 * tuning['final_seconds'], '.2f')} ms "
+            f"({_fmt(tuning['speedup_per_iteration'], '.3f')}x)")
+    if tuning.get("speedup_with_evaluations") is not None:
+        line += (f", with evaluations {_fmt(1e3 * tuning['inline_evaluation_seconds'], '.2f')} ms inline -> "
+                 f"{_fmt(1e3 * tuning['placed_evaluation_seconds'], '.2f')} ms as placed "
+                 f"({_fmt(tuning['speedup_with_evaluations'], '.3f')}x)")
+    kept = [t["description"] for t in tuning.get("trials", []) if t.get("kept")]
+    return [line + f"; kept: {', '.join(kept) if kept else 'nothing'}"]
 
 
 def _eval_lines(results: dict) -> list[str]:

@@ -138,6 +138,11 @@ def test_tuned_system_reports_its_tuning_and_keeps_the_same_results(bench_run):
     assert placed == (tuning["trials"][-1]["measured_seconds"] if evaluation_kept else inline)
     assert tuning["speedup_with_evaluations"] == pytest.approx(inline / placed)
     assert tuning["speedup_per_iteration"] == pytest.approx(tuning["baseline_seconds"] / tuning["final_seconds"])
+    # The record says it too (#7: tuning time, candidates tried and kept).
+    markdown = (bench_run[0] / "results.md").read_text()
+    assert (f"tuning took {tuning['tuning_seconds']:.1f} s, {tuning['candidates_tried']} candidates tried, "
+            f"{tuning['candidates_kept']} kept") in markdown
+    assert f"as placed ({tuning['speedup_with_evaluations']:.3f}x)" in markdown
     assert ("evaluation: in its own process" in tuned["plan"]) == evaluation_kept
     assert tuned["plan"]
     # Whatever plan tune kept computes what the sequential executor computes.
@@ -162,6 +167,11 @@ def test_tuned_system_trains_with_a_saved_plan_without_tuning(bench_run, tmp_pat
     with_quota(plan, "helper", 25).save(str(path))
     summary = run_tuned(config, _ClockOnlySampler(), 1, False, str(path))
     assert summary["tuning"]["plan_file"] == str(path) and summary["tuning"]["tuning_seconds"] is None
+    from jaxrose.bench_report import _tuning_lines
+
+    assert _tuning_lines({"systems": {"tuned": {**summary, "status": "ok"}}}) == [
+        f"- jaxrose tuned (jaxrose tune's plan, evaluation where it put it): trained with the saved plan {path} "
+        f"({'; '.join(summary['tuning']['history'])}); nothing tuned in this run"]
     assert "reduce_metrics" in summary["plan"] and "deferred" in summary["plan"]
     assert summary["eval_returns"] == results["systems"]["sequential"]["eval_returns"]
 
