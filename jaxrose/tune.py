@@ -297,7 +297,8 @@ def _tune(config: TrainConfig, switches: Switches, max_candidates: int, iteratio
         current, inline_seconds, placed_seconds = _tune_evaluation(config, measure_evaluation, current, switches,
                                                                    trials)
     return TuneResult(current, baseline, current_seconds, noise, trials, time.perf_counter() - start,
-                      measurements.reused - reused_before, inline_seconds, placed_seconds)
+                      measurements_reused=measurements.reused - reused_before,
+                      inline_evaluation_seconds=inline_seconds, placed_evaluation_seconds=placed_seconds)
 
 
 Measure = Callable[[Plan], float]  # a plan's median seconds per iteration, measured end to end
@@ -461,8 +462,8 @@ def main(args: list[str]) -> None:
     for trial in result.trials:
         print(f"{'kept   ' if trial.kept else 'dropped'} {trial.description}: {trial.reason}")
     print(f"iteration {result.baseline_seconds * 1e3:.2f} ms -> {result.final_seconds * 1e3:.2f} ms "
-          f"({result.speedup:.3f}x, evaluations left out); {len(result.trials)} candidates tried, "
-          f"{sum(t.kept for t in result.trials)} kept; tuning took {result.tuning_seconds:.1f} s")
+          f"({result.speedup:.3f}x, evaluations left out); {report['candidates_tried']} candidates tried, "
+          f"{report['candidates_kept']} kept; tuning took {result.tuning_seconds:.1f} s")
     if result.speedup_with_evaluations is not None:
         print(f"with evaluations: {result.inline_evaluation_seconds * 1e3:.2f} ms per iteration inline -> "
               f"{result.placed_evaluation_seconds * 1e3:.2f} ms as placed ({result.speedup_with_evaluations:.3f}x)")
