@@ -138,6 +138,10 @@ def _check_batch_sizes(config: TrainConfig, num_actors: int, max_lag: int) -> No
     if levels and start not in levels:
         raise ConfigError(f"run.resources.group_levels {levels} must include the actors' starting batch, "
                           f"env.num_groups / actors = {start} group(s).")
+    if resources.start_groups and resources.start_groups not in levels:
+        raise ConfigError(f"run.resources.start_groups={resources.start_groups} must be one of run.resources."
+                          f"group_levels {levels} with run.resources.manager='on' (the sizes whose programs are "
+                          f"built and checked); add it to the levels or set start_groups to 0.")
     per_group = config.unrolls_per_iteration * config.env.envs_per_group
     minibatches = config.ppo.num_minibatches
     if max_lag > 0 and (start * per_group) % minibatches:
@@ -290,6 +294,10 @@ class AsyncTrainer:
         except BaseException:
             self.close()
             raise
+        start_groups = resources.start_groups if managed else 0
+        for i in range(num_actors):  # before any credit: the first rollout steps this many groups
+            if start_groups and start_groups != self.groups[i]:
+                self.resize_actor(i, start_groups, 0)
 
     def _worker(self, index: int, env: Optional[dict]) -> Worker:
         args = (self.config, index, self.num_actors, self._delays.get(index, 0.0), self._custom_env)

@@ -175,6 +175,13 @@ class ResourceConfig:
     """Per-actor batch sizes the manager may choose, in env groups per actor: an actor at level g
     steps g * env.num_envs / env.num_groups envs and sends trajectories of that many groups. Must
     include the starting size env.num_groups / run.actors. Empty: batch sizes stay fixed."""
+    start_groups: int = 0
+    """Env groups each actor steps from the first rollout, one of `group_levels` (0: the starting
+    batch env.num_groups / run.actors). Updates keep the starting batch's size (grow_keeps), so a
+    larger start means more envs per rollout, not a larger PPO batch; the manager may still grow or
+    shrink from there. Growing from the starting batch takes the compile-ahead and the probation of
+    every level (~24 s and 2 decisions per level on ant, BENCHMARKS.md, 2026-12-03): where the
+    device is known to have room, starting there spends that time training."""
     grow_gain: float = 1.2
     """A grown batch stays only if the actor's rollout throughput (groups per second) rose by this
     factor; otherwise it shrinks back and stays there (the device had no room for more envs)."""
@@ -207,6 +214,8 @@ class ResourceConfig:
         _require(all(g >= 1 for g in groups) and list(groups) == sorted(set(groups)),
                  f"run.resources.group_levels must be increasing env group counts >= 1, got {groups}.")
         _require(self.grow_gain >= 1, f"run.resources.grow_gain must be >= 1, got {self.grow_gain}.")
+        _require(self.start_groups >= 0, f"run.resources.start_groups must be >= 0 (0: env.num_groups / run.actors), "
+                                         f"got {self.start_groups}.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@
 #   grow    [STEPS] [LEVELS]: #8's time-to-threshold: brax and the async system with its resource manager free to
 #           grow each actor's batch among LEVELS env groups of 4096 (default 1,2,4), 30M steps, 6 evaluations;
 #           started with bg (~6-7 min): follow with `collect grow`; GROW_ARGS adds train settings (e.g.
-#           "--run.resources.grow-keeps update_size --run.max-policy-lag 7")
+#           "--run.resources.grow-keeps update_size --run.max-policy-lag 7"), GROW_BENCH_ARGS bench settings
+#           (e.g. "--return-threshold 3000")
 #   bf16    [PRESET]: pusher-transformer with bfloat16 networks: sequential and async (bg, ~7.5 min: `bf16; collect bf16 560`)
 #   fp32    [PRESET]: the float32 sequential system at bf16's settings (~4 min)
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
@@ -123,7 +124,7 @@ case "${1:?stage}" in
           -- --run.compile-cache /tmp/bg/cc > "$out/fp32.log" 2>&1; grep "\[bench\]" "$out/fp32.log" ;;
   grow) start_bg grow bench --preset ant-mlp --total-env-steps "${2:-30000000}" --num-evals 6 --systems async,brax \
          --repeats 3 --async-group-levels "${3:-1,2,4}" --out /tmp/bg/grow/results --record /tmp/bg/grow/BENCH.md \
-         -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${GROW_ARGS:---run.max-policy-lag 7 --run.resources.interval 2} ;;
+         ${GROW_BENCH_ARGS:-} -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${GROW_ARGS:---run.max-policy-lag 7 --run.resources.interval 2} ;;
   async-only) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \

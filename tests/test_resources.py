@@ -379,3 +379,34 @@ def test_update_size_splits_a_trajectory_into_consecutive_updates_of_the_startin
     assert result.updates == len(seen)
     assert result.env_steps == steps_per_group * sum(g for _, g in result.trajectory_groups)  # dropped pieces too
     assert not multiprocessing.active_children()
+
+
+def test_actors_start_at_the_stated_batch_and_updates_keep_the_starting_size(tiny_config):
+    """run.resources.start_groups: every actor's first rollout steps that many groups (no growth
+    first), each trajectory is learned as updates of the starting batch (one group), and a start
+    outside the levels, or without the manager, is refused before any process starts."""
+    from jaxrose.async_mode import AsyncTrainer
+
+    resources = ResourceConfig(manager="on", interval=30.0, sm_levels=(50,), group_levels=(1, 2),
+                               grow_keeps="update_size", start_groups=2)
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
+    for bad, match in ((replace(config, **{"run.resources.start_groups": 4}), r"start_groups=4 must be one of run."
+                        r"resources.group_levels \(1, 2\)"),
+                       (replace(config, **{"run.resources.manager": "off"}), r"start_groups=2 must be one of")):
+        with pytest.raises(ConfigError, match=match):
+            AsyncTrainer(bad, num_actors=2, max_lag=7)
+    with pytest.raises(ConfigError, match=r"run.resources.start_groups must be >= 0"):
+        ResourceConfig(start_groups=-1)
+    trainer = AsyncTrainer(config, num_actors=2, max_lag=7)
+    try:
+        assert trainer.groups == [2, 2]
+        result = trainer.run(updates=8)
+    finally:
+        trainer.close()
+    assert result.trajectory_groups and all(g == 2 for _, g in result.trajectory_groups), result.trajectory_groups
+    assert {i for i, _ in result.trajectory_groups} == {0, 1}
+    assert result.learner_batch_segments == [32]  # one group (16 envs x 2 unrolls) per update, as from 1 group
+    assert result.updates == 8 and max(result.lags) <= 7
+    steps_per_group = config.env_steps_per_iteration // config.env.num_groups
+    assert result.env_steps == steps_per_group * 2 * len(result.trajectory_groups)
+    assert not multiprocessing.active_children()
