@@ -61,6 +61,8 @@ class AsyncResult:
     lags: list[int]
     rollouts_per_actor: dict[int, int]
     queue_depths: list[int]
+    """Per learner step, the trajectories already waiting when the learner became free (0 while the
+    actors set the pace, > 0 while the learner does)."""
     wall_seconds: float
     env_steps: int
     train_returns: list[float]
@@ -534,6 +536,9 @@ class AsyncTrainer:
         steps_per_group_rollout = self.config.env_steps_per_iteration // self.config.env.num_groups
         while ((done < updates) if updates is not None else (consumed < env_steps)) and not (
                 should_stop is not None and should_stop()):
+            # The queue the learner finds on becoming free: trajectories that arrived while it was busy.
+            self._receive_pending()
+            depths.append(sum(r.arrived for rs in self._rollouts for r in rs))
             take, urgent = self._choose(version)
             if urgent:  # arrivals only make parameter versions exact (newer): the set stays urgent
                 waited = self._gather(lambda: all(r.arrived for _, r in take), timeout)
@@ -541,7 +546,6 @@ class AsyncTrainer:
                 waited = self._gather(lambda: any(r.arrived for rs in self._rollouts for r in rs), timeout)
                 take, _ = self._choose(version)
             taken_at = time.perf_counter()
-            depths.append(sum(r.arrived for rs in self._rollouts for r in rs))
             take.sort(key=lambda pair: (pair[0], pair[1].seq))
             for i, rollout in take:
                 self._rollouts[i].remove(rollout)
@@ -644,6 +648,10 @@ class AsyncTrainer:
             if time.monotonic() > deadline:
                 raise TimeoutError("No trajectory arrived within the timeout.")
             return
+        self._receive_pending()
+
+    def _receive_pending(self) -> None:
+        """Receives every message the actors have sent so far, waiting for none."""
         for actor in self.actors:
             while actor.poll():
                 message = actor.receive(60.0)

@@ -164,7 +164,8 @@ class ResourceConfig:
     starve_fraction: float = 0.3
     """The learner waiting this share of an interval or more for trajectories: actors are the bottleneck."""
     queue_fraction: float = 0.5
-    """Mean ready trajectories at or above this share of the actors (and no starving): the learner is."""
+    """Mean trajectories already waiting when the learner becomes free, at or above this share of the
+    actors (and no starving): the learner is the bottleneck."""
     slow_ratio: float = 1.5
     """An actor whose rollouts take this many times the others' median is a straggler."""
     patience: int = 2

@@ -62,7 +62,10 @@ class Measurements:
     learner_wait_fraction: float
     """Share of the interval the learner waited for trajectories."""
     queue_depth: float
-    """Mean trajectories ready when the learner took one."""
+    """Mean trajectories already waiting when the learner became free for its next step (a depth
+    counted after the learner had waited for its trajectory was 1 at every step with one actor, a
+    backlog signal whatever the pace; it restarted the H200 actor twice in a run, BENCHMARKS.md,
+    2026-12-04)."""
     updates_per_second: float
     lag_mean: float
     lag_max: int

@@ -85,6 +85,23 @@ def test_run_ahead_hides_a_slow_learner_behind_the_rollouts(tiny_config):
     assert not multiprocessing.active_children()
 
 
+def test_queue_depth_is_what_waits_for_the_learner_when_it_becomes_free(tiny_config):
+    # The resource manager's backlog signal. One actor running one rollout ahead: with a slow actor
+    # (fault injection, 0.3 s per rollout) the learner finds nothing waiting when it becomes free;
+    # a slow learner (0.3 s per update) finds the trajectory rolled out meanwhile.
+    config = replace(tiny_config, **{"env.num_groups": 1})
+    depths = {}
+    for slow, delays in (("actor", {"actor_delays": {0: 0.3}}), ("learner", {"learner_delay": 0.3})):
+        trainer = AsyncTrainer(config, num_actors=1, max_lag=1, run_ahead=1, **delays)
+        try:
+            depths[slow] = trainer.run(updates=8).queue_depths[3:]  # after the compiles
+        finally:
+            trainer.close()
+    assert depths["actor"] == [0] * 5, depths
+    assert sum(d == 1 for d in depths["learner"]) >= 4 and max(depths["learner"]) <= 1, depths
+    assert not multiprocessing.active_children()
+
+
 def test_a_slow_group_does_not_stall_the_others(tiny_config):
     config = replace(tiny_config, **{"env.num_groups": 2})
     trainer = AsyncTrainer(config, num_actors=2, max_lag=4, actor_delays={1: 1.0})
