@@ -111,13 +111,14 @@ case "${1:?stage}" in
          -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${2:+--run.learner-sm-percentage $2} ;;
   bf16) # [PRESET]: the inference-heavy preset with its networks computing in bfloat16 (network.compute_dtype): sequential
         # and async (session 22's settings) in one run, started detached (~7.5 min): follow with `collect bf16` in
-        # the same call (`bf16; collect bf16 560`); then `fp32` in the next call for the float32 sequential run
+        # the same call (`bf16; collect bf16 560`); then `fp32` in the next call for the float32 sequential run;
+        # BF16_ARGS adds train settings (e.g. "--run.resources.start-groups 4")
         p=${2:-pusher-transformer}
         detach bf16 sh -c "python3 -m jaxrose.cli bench --preset $p --total-env-steps 3000000 --num-evals 3 \
           --systems sequential,async --repeats 3 --async-group-levels 1,2,4 --out /tmp/bg/bf16/out/bf16 \
           --record /tmp/bg/bf16/out/BENCH_bf16.md -- --network.compute-dtype bfloat16 --run.actors 1 \
           --run.compile-cache /tmp/bg/cc --run.max-policy-lag 7 --run.resources.interval 2 \
-          --run.learner-priority below-normal --run.eval-priority below-normal" ;;
+          --run.learner-priority below-normal --run.eval-priority below-normal ${BF16_ARGS:-}" ;;
   fp32) # [PRESET]: bf16's float32 sequential system alone (the learner's speed-up from bfloat16), ~4 min
         timeout 420 python3 -m jaxrose.cli bench --preset "${2:-pusher-transformer}" --total-env-steps 3000000 \
           --num-evals 3 --systems sequential --repeats 3 --out "$out/fp32" --record "$out/BENCH_fp32.md" \
