@@ -592,25 +592,37 @@ def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
     the threshold) and `seconds_to_threshold` (those steps at the system's steady rate including
     evaluations: wall clock with compilation excluded) to every system with a learning curve; returns
     the threshold used. Without one stated, it is the highest return every system reached after
-    training began, so each has a time."""
+    training began, so each has a time. A stated threshold some system did not reach leaves it no
+    time; the times to that highest common return are then added too (`common_threshold_times`,
+    the return under `common_return`), so the systems can still be compared."""
     def trained(summary):  # (env steps, return) of the evaluations after the first update
         return [(steps, r) for steps, r in zip(summary.get("eval_env_steps", ()), summary.get("eval_returns", ()))
                 if steps > 0 and is_finite_number(r)]
 
+    def times(summary, threshold):  # env steps, seconds at steady rate, seconds measured; None where not reached
+        reached = [steps for steps, r in trained(summary) if r >= threshold]
+        if not reached:
+            return None, None, None
+        rate = summary.get("steady_sps_with_evals")
+        return (reached[0], reached[0] / rate if is_finite_number(rate) and rate > 0 else None,
+                _wall_seconds_to(summary, reached[0]))
+
     curves = {name: s for name, s in systems.items() if s.get("status") == "ok" and trained(s)}
     if not curves:
         return {}
+    common = min(max(r for _, r in trained(s)) for s in curves.values())
     stated = threshold is not None
-    if not stated:
-        threshold = min(max(r for _, r in trained(s)) for s in curves.values())
+    threshold = threshold if stated else common
     for summary in curves.values():
-        reached = [steps for steps, r in trained(summary) if r >= threshold]
-        summary["steps_to_threshold"] = reached[0] if reached else None
-        rate = summary.get("steady_sps_with_evals")
-        summary["seconds_to_threshold"] = (reached[0] / rate if reached and is_finite_number(rate) and rate > 0
-                                           else None)
-        summary["wall_seconds_to_threshold"] = (_wall_seconds_to(summary, reached[0]) if reached else None)
-    return {"return": threshold, "stated": stated}
+        summary.pop("common_threshold_times", None)
+        summary["steps_to_threshold"], summary["seconds_to_threshold"], summary["wall_seconds_to_threshold"] = (
+            times(summary, threshold))
+    used = {"return": threshold, "stated": stated}
+    if any(s["steps_to_threshold"] is None for s in curves.values()):
+        used["common_return"] = common
+        for summary in curves.values():
+            summary["common_threshold_times"] = dict(zip(("steps", "seconds", "wall_seconds"), times(summary, common)))
+    return used
 
 
 def _wall_seconds_to(summary: dict, steps: int) -> Optional[float]:
@@ -671,6 +683,9 @@ RATIOS = (
      "systems.async.seconds_to_threshold"),
     ("time to return threshold, measured wall clock: brax / jaxrose async (speedup)",
      "systems.brax.wall_seconds_to_threshold", "systems.async.wall_seconds_to_threshold"),
+    ("time to the highest common return (a stated threshold not reached), measured wall clock: brax / jaxrose "
+     "async (speedup)", "systems.brax.common_threshold_times.wall_seconds",
+     "systems.async.common_threshold_times.wall_seconds"),
     ("time to return threshold: brax / jaxrose sequential (speedup)", "systems.brax.seconds_to_threshold",
      "systems.sequential.seconds_to_threshold"),
     ("time to return threshold: jaxrose sequential / jaxrose async (speedup)",

@@ -286,8 +286,39 @@ def test_a_stated_threshold_not_reached_has_no_time():
     assert (systems["brax"]["steps_to_threshold"], systems["brax"]["seconds_to_threshold"]) == (200, 4.0)
     assert (systems["async"]["steps_to_threshold"], systems["async"]["seconds_to_threshold"]) == (100, 1.0)
     assert "steps_to_threshold" not in systems["sim"]
-    assert time_to_threshold(systems, 3.0) == {"return": 3.0, "stated": True}
+    assert time_to_threshold(systems, 3.0) == {"return": 3.0, "stated": True, "common_return": 2.5}
     assert systems["async"]["steps_to_threshold"] is None and systems["async"]["seconds_to_threshold"] is None
+    # ... so the times to the highest return both reached come beside it, as without a stated one.
+    assert systems["brax"]["common_threshold_times"] == {"steps": 200, "seconds": 4.0, "wall_seconds": None}
+    assert systems["async"]["common_threshold_times"] == {"steps": 100, "seconds": 1.0, "wall_seconds": None}
+    assert time_to_threshold(systems, 1.0) == {"return": 1.0, "stated": True}  # both reached it: nothing more
+    assert "common_threshold_times" not in systems["async"]
+
+
+def test_the_report_and_ratios_fall_back_to_the_highest_common_return_when_one_misses_the_stated_one():
+    """On the H200 run of 2026-12-04 (docs/bench/ant-mlp-h200-50M-async-start4): async's last evaluation
+    returned 2935, short of the stated 3000 brax reached at 40.6M steps; both reached 2935 (brax at
+    its 40.6M-step evaluation, async at 50.8M)."""
+    import json
+    from pathlib import Path
+    from jaxrose.bench import compute_ratios, time_to_threshold
+    from jaxrose.bench_report import render_markdown
+
+    path = Path(__file__).parent.parent / "docs/bench/ant-mlp-h200-50M-async-start4/results.json"
+    results = json.loads(path.read_text())
+    systems = results["systems"]
+    results["threshold"] = time_to_threshold(systems, 3000.0)
+    results["ratios"] = compute_ratios(results)
+    assert results["threshold"]["common_return"] == pytest.approx(max(systems["async"]["eval_returns"]))
+    assert systems["async"]["steps_to_threshold"] is None and systems["brax"]["steps_to_threshold"] == 40632320
+    assert systems["async"]["common_threshold_times"]["steps"] == 50790400
+    assert systems["brax"]["common_threshold_times"]["steps"] == 40632320
+    ratio = next(r for r in results["ratios"] if r["name"].startswith("time to the highest common return"))
+    assert ratio["value"] == pytest.approx(systems["brax"]["common_threshold_times"]["wall_seconds"]
+                                           / systems["async"]["common_threshold_times"]["wall_seconds"])
+    assert 1.5 < ratio["value"] < 1.7  # 70.1 s against 44.1 s
+    assert not any(r["name"].startswith("time to return threshold, measured") for r in results["ratios"])
+    assert "to 2935, the highest return every system reached" in render_markdown(results)
 
 
 def test_measured_wall_time_to_threshold_starts_with_training_and_leaves_out_the_start_up_compile():
