@@ -121,6 +121,14 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
                     _, size, update = message
                     env_state, key = starts[seq]
                     starts[seq] = (resizer(groups_of(env_state), size)(env_state, np.int32(update)), key)
+                elif kind == "warm":  # a standby process: compile the rollout it will run first, then say so
+                    _, size = message
+                    began = time.perf_counter()
+                    state, state_key = starts[seq]
+                    args = (*jax.tree.map(abstract, newest[1:]), resized_axis(state, 0, lambda _: size),
+                            abstract(state_key))
+                    collect.lower(*args).compile()
+                    conn.send(("warmed", index, time.perf_counter() - began))
                 elif kind == "buffers":
                     _, size, descriptions = message
                     buffers[size] = [attach(d) for d in descriptions]

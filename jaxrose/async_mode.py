@@ -51,7 +51,7 @@ from jaxrose import distribution
 from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.async_actor import groups_of, resize_label, rollout_label, run_actor, trajectory_groups
 from jaxrose.precompile import Precompiler
-from jaxrose.workers import Worker
+from jaxrose.workers import Worker, WorkerError
 
 
 @dataclasses.dataclass
@@ -288,6 +288,8 @@ class AsyncTrainer:
         self.actors = [self._worker(i, envs[i]) for i in range(num_actors)]
         self._states: dict = {}  # snapshot tag -> {actor: (env_state, key)}
         self._manager = None
+        self._standby: dict[int, dict] = {}  # actor -> its replacement starting beside it (warm restarts)
+        self._host_params = None  # the newest parameters fetched to the host (their shapes compile a standby)
         try:
             for actor in self.actors:
                 actor.launch()
@@ -329,6 +331,40 @@ class AsyncTrainer:
         self._rollouts[index].clear()
         self._next_seq[index], self._sent_version[index], self._sent_buffers[index] = seq, -1, set()
         self.precompiled.pop(f"actor{index}", None)  # the new process compiles its levels again
+        return time.perf_counter() - start
+
+    def _advance_standby(self, index: int) -> bool:
+        """Moves actor `index`'s standby process on without waiting: once it is ready it gets the
+        newest parameters and compiles the rollout of the actor's batch; True once that is done."""
+        standby = self._standby[index]
+        worker = standby["worker"]
+        if standby["stage"] == "starting" and worker.poll():
+            worker.wait_ready(5.0)  # its "ready" is in the pipe
+            worker.send(("params", -1, *self._host_params))  # shapes for the compile; the real ones follow
+            worker.send(("warm", self.groups[index]))
+            standby["stage"] = "warming"
+        elif standby["stage"] == "warming" and worker.poll():
+            kind, *_ = worker.receive(5.0)
+            if kind != "warmed":
+                raise WorkerError(f"Standby actor{index} sent {kind!r} while compiling its rollout.")
+            standby["stage"], standby["warm_seconds"] = "warm", time.perf_counter() - standby["began"]
+        elif not worker.process.is_alive():
+            raise worker.death_error("while starting as a standby")
+        return standby["stage"] == "warm"
+
+    def _switch_to(self, index: int, worker: Worker) -> float:
+        """Replaces actor `index` by its warm standby, which continues from the state the oldest
+        unconsumed rollout starts from (the rollouts outstanding are dropped and granted again, as
+        in `restart_actor`). Returns the seconds the switch held the learner."""
+        start = time.perf_counter()
+        seq = self._oldest_unconsumed(index)
+        state = self._request_states(f"restart{index}", {index: seq}, wait=True)[0]
+        self.actors[index].stop()
+        self.actors[index] = worker
+        worker.send(("restore", state, seq))
+        self._rollouts[index].clear()
+        self._next_seq[index], self._sent_version[index], self._sent_buffers[index] = seq, -1, set()
+        self.precompiled.pop(f"actor{index}", None)  # the new process compiles its other levels again
         return time.perf_counter() - start
 
     def resize_actor(self, index: int, groups: int, update: int) -> None:
@@ -456,11 +492,23 @@ class AsyncTrainer:
             self._precompiler.submit(update_label, lambda b=batch_abs: self._update.lower(learner_abs, b).compile())
 
     def _apply_resources(self, manager, take: list[int], version: int) -> None:
-        """Quota restarts and batch sizes the manager decided, for the actors whose trajectories were just consumed."""
+        """Quota restarts and batch sizes the manager decided, for the actors whose trajectories were
+        just consumed. With `run.resources.warm_restarts` a restart starts a standby process and
+        switches to it at a later step, once it has compiled (`_advance_standby`)."""
+        warm = self.config.run.resources.warm_restarts
         for i in take:
-            env = manager.restart_env(i)
-            if env is not None:
-                manager.restarted(i, self.restart_actor(i, env))
+            if i not in self._standby:
+                env = manager.restart_env(i)
+                if env is not None and not warm:
+                    manager.restarted(i, self.restart_actor(i, env))
+                elif env is not None:
+                    self._standby[i] = {"worker": self._worker(i, env), "stage": "starting",
+                                        "began": time.perf_counter()}
+                    self._standby[i]["worker"].launch()
+            if i in self._standby and self._advance_standby(i):
+                standby = self._standby.pop(i)
+                manager.restarted(i, self._switch_to(i, standby["worker"]), standby["warm_seconds"])
+                continue  # its resize, if one is pending, goes out with its next parameters
             groups = manager.resize_to(i)
             if groups is not None:
                 manager.resized(i, self.groups[i], groups, version)
@@ -520,7 +568,7 @@ class AsyncTrainer:
         self._sent_version = [-1] * self.num_actors  # a new run's versions start again
         if manager is not None:
             manager.start(self)
-        host_params = jax.device_get((learner.params, learner.normalizer))
+        host_params = self._host_params = jax.device_get((learner.params, learner.normalizer))
         for i in range(self.num_actors):
             self._grant(i, version, host_params)
         lags, depths, returns, shapes, skipped, batch_sizes = [], [], [], [], [], set()
@@ -587,7 +635,7 @@ class AsyncTrainer:
             if manager is not None:
                 manager.on_update(time.perf_counter(), step_lags, depths[-1], waited)
                 self._apply_resources(manager, actors_taken, version)
-            host_params = jax.device_get((learner.params, learner.normalizer))
+            host_params = self._host_params = jax.device_get((learner.params, learner.normalizer))
             for i in range(self.num_actors):
                 self._grant(i, version, host_params)
             busy.append(time.perf_counter() - taken_at)
@@ -711,8 +759,9 @@ class AsyncTrainer:
     def close(self) -> None:
         if self._precompiler is not None:
             self._precompiler.close()
-        for actor in self.actors:
+        for actor in [*self.actors, *(s["worker"] for s in self._standby.values())]:
             actor.stop()
+        self._standby.clear()
         for slots in self._buffers.values():
             for slot in slots:
                 slot.close()

@@ -176,6 +176,11 @@ class ResourceConfig:
     """Per-actor batch sizes the manager may choose, in env groups per actor: an actor at level g
     steps g * env.num_envs / env.num_groups envs and sends trajectories of that many groups. Must
     include the starting size env.num_groups / run.actors. Empty: batch sizes stay fixed."""
+    warm_restarts: bool = True
+    """A quota change starts the actor's new process beside the old one, which keeps rolling out
+    until the new one has compiled its rollout; then they switch. False: stop the old process, then
+    start the new one and compile its rollout with the learner waiting (28.99 s and 18.83 s per
+    restart on the H200, plus a 26.9 s first rollout; BENCHMARKS.md, 2026-12-04)."""
     start_groups: int = 0
     """Env groups each actor steps from the first rollout, one of `group_levels` (0: the starting
     batch env.num_groups / run.actors). Updates keep the starting batch's size (grow_keeps), so a

@@ -9,7 +9,8 @@ persist for `patience` intervals, and after a change `cooldown` intervals pass u
 signals count again, so a noisy measurement or a change's transient does not make quotas flap.
 `ResourceManager` is the mechanism: it measures, calls `decide`, pins cores with
 `os.sched_setaffinity`, and has the trainer restart an actor whose quota changed (an MPS quota is
-fixed for a process's life). Every decision, with the measurements behind it, goes to a JSONL log
+fixed for a process's life): by default warm, the new process starting and compiling its rollout
+beside the old one, which rolls out until they switch (`run.resources.warm_restarts`). Every decision, with the measurements behind it, goes to a JSONL log
 and to the run's result. Without MPS a quota cannot take effect: the actor is still restarted (the
 same path) and the log says the quota was not applied.
 
@@ -369,15 +370,20 @@ class ResourceManager:
         self._write({"process": f"actor{index}", "kind": "resize", "before": before, "after": groups,
                      "update": update, "reason": reason})
 
-    def restarted(self, index: int, seconds: float) -> None:
+    def restarted(self, index: int, seconds: float, standby_seconds: Optional[float] = None) -> None:
+        """Actor `index` runs in its new process: `seconds` the learner was held for it, and with
+        a warm restart `standby_seconds` the new process took to start and compile beside the old."""
         self._warming.add(index)
         quota = self._pending.pop(index)
         pid = self._trainer.actors[index].process.pid
         self._pin(f"actor{index}", pid, self.allocation.actor_cores[index])
         note = (f"restarted with an SM quota of {quota}%" if self._applies is True else
                 f"restarted, but the quota of {quota}% is not in effect: {self._applies}")
+        if standby_seconds is not None:
+            note += f" (warm: started and compiled beside the old process in {standby_seconds:.3g} s)"
         self._write({"process": f"actor{index}", "kind": "restart", "after": quota, "pid": pid,
-                     "restart_seconds": seconds, "quota_in_effect": self._applies is True, "reason": note})
+                     "restart_seconds": seconds, "standby_seconds": standby_seconds,
+                     "quota_in_effect": self._applies is True, "reason": note})
 
     def _write(self, record: dict) -> None:
         record = json.loads(json.dumps({"time": time.time(), **record}))  # as the log reads back

@@ -91,7 +91,8 @@ def test_manager_on_a_real_run_restarts_the_slow_actor_and_pins_cores(tiny_confi
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPU cores to pin the learner and the actors apart")
-    resources = ResourceConfig(manager="on", interval=1.0, sm_levels=(40, 60), patience=1, cooldown=10)
+    resources = ResourceConfig(manager="on", interval=1.0, sm_levels=(40, 60), patience=1, cooldown=10,
+                               warm_restarts=False)
     config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
     cores = sorted(os.sched_getaffinity(0))
     log = tmp_path / "resources.jsonl"
@@ -409,4 +410,44 @@ def test_actors_start_at_the_stated_batch_and_updates_keep_the_starting_size(tin
     assert result.updates == 8 and max(result.lags) <= 7
     steps_per_group = config.env_steps_per_iteration // config.env.num_groups
     assert result.env_steps == steps_per_group * 2 * len(result.trajectory_groups)
+    assert not multiprocessing.active_children()
+
+
+def test_a_warm_restart_holds_the_learner_for_the_switch_alone(tiny_config):
+    """run.resources.warm_restarts: the slow actor's new process starts and compiles its rollout while
+    the old one keeps rolling out, so the learner waits only for the switch; a cold restart holds it
+    for the new process's start-up. Both end with the new process rolling out and the lag bound held."""
+    from jaxrose.async_mode import AsyncTrainer
+    from jaxrose.resources import ResourceManager, quota_env
+
+    held, results = {}, {}
+    for warm in (False, True):
+        resources = ResourceConfig(manager="on", interval=1.0, sm_levels=(40, 60), patience=1, cooldown=100,
+                                   warm_restarts=warm)
+        config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
+        manager = ResourceManager(resources, 2, quota_env(use_mps=True, compile_cache=None), None)
+        trainer = AsyncTrainer(config, num_actors=2, max_lag=2, actor_delays={1: 0.3})
+        old_pid, after = trainer.actors[1].process.pid, []
+
+        def should_stop():  # a few updates with the new process, then stop
+            if any(d["kind"] == "restart" for d in manager.decisions):
+                after.append(trainer.actors[1].process.pid)
+            return len(after) > 6
+
+        try:
+            results[warm] = trainer.run(updates=400, manager=manager, should_stop=should_stop)
+        finally:
+            trainer.close()
+            manager.close()
+        restart = next(d for d in results[warm].resource_decisions if d["kind"] == "restart")
+        assert restart["process"] == "actor1" and restart["pid"] not in (None, old_pid), restart
+        assert set(after) == {restart["pid"]}  # the new process is the actor from then on
+        assert max(results[warm].lags) <= 2
+        held[warm] = restart["restart_seconds"]
+        if warm:  # the start-up happened beside the old process, which went on rolling out
+            assert restart["standby_seconds"] > 2 * restart["restart_seconds"], restart
+            assert "warm: started and compiled beside the old process" in restart["reason"]
+        else:
+            assert restart["standby_seconds"] is None
+    assert held[True] < 0.5 * held[False], held
     assert not multiprocessing.active_children()
