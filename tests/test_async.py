@@ -88,7 +88,7 @@ def test_run_ahead_hides_a_slow_learner_behind_the_rollouts(tiny_config):
 def test_queue_depth_is_what_waits_for_the_learner_when_it_becomes_free(tiny_config):
     # The resource manager's backlog signal. One actor running one rollout ahead: with a slow actor
     # (fault injection, 0.3 s per rollout) the learner finds nothing waiting when it becomes free;
-    # a slow learner (0.3 s per update) finds the trajectory rolled out meanwhile.
+    # a slow learner (0.3 s per update) finds the trajectories rolled out meanwhile.
     config = replace(tiny_config, **{"env.num_groups": 1})
     depths = {}
     for slow, delays in (("actor", {"actor_delays": {0: 0.3}}), ("learner", {"learner_delay": 0.3})):
@@ -98,7 +98,8 @@ def test_queue_depth_is_what_waits_for_the_learner_when_it_becomes_free(tiny_con
         finally:
             trainer.close()
     assert depths["actor"] == [0] * 5, depths
-    assert sum(d == 1 for d in depths["learner"]) >= 4 and max(depths["learner"]) <= 1, depths
+    # The learner's own grant lets the fast actor finish one more before the learner looks: 1 or 2.
+    assert sum(d >= 1 for d in depths["learner"]) >= 4 and max(depths["learner"]) <= 2, depths
     assert not multiprocessing.active_children()
 
 

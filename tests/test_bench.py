@@ -235,7 +235,8 @@ def test_limits_follow_from_the_measured_times(bench_run):
 def test_each_ratio_is_the_quotient_of_stored_values(bench_run):
     _, results, _ = bench_run
     ratios = {r["name"]: r for r in results["ratios"]}
-    assert set(ratios) == {name for name, _, _ in RATIOS}
+    # The highest-common-return ratio exists only where a stated threshold was missed (tested below).
+    assert set(ratios) == {name for name, _, _ in RATIOS if not name.startswith("time to the highest common return")}
     for ratio in ratios.values():
         numerator, denominator = lookup(results, ratio["numerator"]), lookup(results, ratio["denominator"])
         assert _positive(numerator) and _positive(denominator)
