@@ -136,6 +136,24 @@ def test_train_in_async_mode_logs_lag_and_evaluates_on_schedule(tiny_config, tmp
     assert not multiprocessing.active_children()
 
 
+def test_actor_states_are_fetched_only_for_checkpoints(tiny_config, tmp_path, monkeypatch):
+    # A snapshot copies every actor's env state to the learner: worth it for a checkpoint, a stall
+    # in a run that writes nothing (jaxrose bench).
+    from jaxrose import train
+
+    requested = []
+    original = AsyncTrainer._snapshot_request
+    monkeypatch.setattr(AsyncTrainer, "_snapshot_request",
+                        lambda self, *args: requested.append(args[0]) or original(self, *args))
+    config = replace(tiny_config, **{"env.num_groups": 2, "run.mode": "async", "run.actors": 2,
+                                     "run.max_policy_lag": 1, "run.out_dir": str(tmp_path)})
+    result = train(config, write_outputs=False)
+    assert requested == [] and [e["iteration"] for e in result.evaluations] == [0, 2, 4]
+    train(config)
+    assert requested and (tmp_path / "checkpoints").is_dir()
+    assert not multiprocessing.active_children()
+
+
 def test_the_learner_compiles_nothing_after_its_first_updates(tiny_config):
     # Trajectories arrive through the pipe first and through transport buffers after, at lag 0 and
     # then lag 1: one program per learner stage must serve them all (on the H200 a second variant
