@@ -466,7 +466,9 @@ def test_sigterm_writes_what_was_measured_and_exits_143(tmp_path):
     import sys
 
     out = tmp_path / "cut"
-    args = ["--preset", "point-mass", "--total-env-steps", "40960", "--num-evals", "3", "--num-eval-envs", "8",
+    # A budget the sequential system cannot finish before the signal lands (at 40,960 steps, 2 iterations, it
+    # once did on a loaded 2-core machine); the signal stops it after its iteration in flight.
+    args = ["--preset", "point-mass", "--total-env-steps", "2048000", "--num-evals", "3", "--num-eval-envs", "8",
             "--repeats", "2", "--systems", "sim,sequential,brax", "--out", str(out)]
     child = subprocess.Popen([sys.executable, "-m", "jaxrose.cli", "bench", *args],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
