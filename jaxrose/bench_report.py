@@ -113,8 +113,8 @@ def render_markdown(results: dict) -> str:
         lines += [f"| {SYSTEM_LABELS[n]} | {_fmt(s['steps_to_threshold'])} | {_fmt(s['seconds_to_threshold'], '.1f')} "
                   f"| {_fmt(s.get('wall_seconds_to_threshold'), '.1f')} |" for n, s in timed.items()]
         if "common_return" in threshold:
-            lines += ["", f"Not every system reached it; to {threshold['common_return']:.4g}, the highest return every "
-                          f"system reached:", "",
+            lines += ["", f"Not every system reached it; to {threshold['common_return']:.4g}, the highest return "
+                          f"every system reached:", "",
                       "| system | env steps | seconds at steady rate | seconds measured |", "| --- | ---: | ---: | ---: |"]
             lines += [f"| {SYSTEM_LABELS[n]} | {_fmt(s['common_threshold_times']['steps'])} "
                       f"| {_fmt(s['common_threshold_times']['seconds'], '.1f')} "

@@ -10,9 +10,10 @@ signals count again, so a noisy measurement or a change's transient does not mak
 `ResourceManager` is the mechanism: it measures, calls `decide`, pins cores with
 `os.sched_setaffinity`, and has the trainer restart an actor whose quota changed (an MPS quota is
 fixed for a process's life): by default warm, the new process starting and compiling its rollout
-beside the old one, which rolls out until they switch (`run.resources.warm_restarts`). Every decision, with the measurements behind it, goes to a JSONL log
-and to the run's result. Without MPS a quota cannot take effect: the actor is still restarted (the
-same path) and the log says the quota was not applied.
+beside the old one, which rolls out until they switch (`run.resources.warm_restarts`). Every
+decision, with the measurements behind it, goes to a JSONL log and to the run's result. Without
+MPS a quota cannot take effect: the actor is still restarted (the same path) and the log says the
+quota was not applied.
 
 Batch sizes (`run.resources.group_levels`). An actor's batch is the number of env groups it steps;
 each trajectory it sends holds them all. By default (`run.resources.grow_keeps='update_size'`) the
