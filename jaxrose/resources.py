@@ -280,6 +280,7 @@ class ResourceManager:
         self.decisions: list[dict] = []
         self._log = open(log_path, "a") if log_path else None
         self._pending: dict[int, int] = {}  # actor -> SM quota waiting for its restart
+        self._restarting: dict[int, int] = {}  # actor -> SM quota of the process starting for it
         self._pending_groups: dict[int, int] = {}  # actor -> batch size waiting for its next parameters
         self._warming: set[int] = set()  # actors whose next rollout compiles (new process or shape)
         self._resizing: set[int] = set()  # actors decided a new batch size, still rolling out the old one
@@ -353,10 +354,12 @@ class ResourceManager:
         self._reset_window(now)
 
     def restart_env(self, index: int) -> Optional[dict]:
-        """The environment to restart actor `index` with now, if its quota changed."""
+        """The environment to restart actor `index` with now, if its quota changed. A quota decided
+        while that process starts (a warm restart takes many intervals) waits for the next restart."""
         if index not in self._pending:
             return None
-        env, applied = self._quota_env(f"actor{index}", self._pending[index])
+        self._restarting[index] = quota = self._pending.pop(index)
+        env, applied = self._quota_env(f"actor{index}", quota)
         self._applies = applied
         return env
 
@@ -375,7 +378,7 @@ class ResourceManager:
         """Actor `index` runs in its new process: `seconds` the learner was held for it, and with
         a warm restart `standby_seconds` the new process took to start and compile beside the old."""
         self._warming.add(index)
-        quota = self._pending.pop(index)
+        quota = self._restarting.pop(index)
         pid = self._trainer.actors[index].process.pid
         self._pin(f"actor{index}", pid, self.allocation.actor_cores[index])
         note = (f"restarted with an SM quota of {quota}%" if self._applies is True else
