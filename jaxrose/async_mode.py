@@ -319,19 +319,9 @@ class AsyncTrainer:
 
     def restart_actor(self, index: int, env: Optional[dict]) -> float:
         """Replaces actor `index` by a new process with environment `env` (e.g. another SM quota),
-        carrying over the state its oldest unconsumed rollout starts from; the rollouts it had
-        outstanding are dropped (not consumed, so not counted) and granted again. Returns the seconds it took."""
-        start = time.perf_counter()
-        seq = self._oldest_unconsumed(index)
-        state = self._request_states(f"restart{index}", {index: seq}, wait=True)[0]
-        self.actors[index].stop()
-        self.actors[index] = self._worker(index, env)
-        self.actors[index].start()
-        self.actors[index].send(("restore", state, seq))
-        self._rollouts[index].clear()
-        self._next_seq[index], self._sent_version[index], self._sent_buffers[index] = seq, -1, set()
-        self.precompiled.pop(f"actor{index}", None)  # the new process compiles its levels again
-        return time.perf_counter() - start
+        started once the old one has stopped (a cold restart: the learner waits for its start-up).
+        Returns the seconds it took."""
+        return self._replace_actor(index, self._worker(index, env), started=False)
 
     def _advance_standby(self, index: int) -> bool:
         """Moves actor `index`'s standby process on without waiting: once it is ready it gets the
@@ -352,14 +342,17 @@ class AsyncTrainer:
             raise worker.death_error("while starting as a standby")
         return standby["stage"] == "warm"
 
-    def _switch_to(self, index: int, worker: Worker) -> float:
-        """Replaces actor `index` by its warm standby, which continues from the state the oldest
-        unconsumed rollout starts from (the rollouts outstanding are dropped and granted again, as
-        in `restart_actor`). Returns the seconds the switch held the learner."""
+    def _replace_actor(self, index: int, worker: Worker, started: bool) -> float:
+        """Puts `worker` in actor `index`'s place (starting it after the old one stops unless `started`,
+        a warm standby), carrying over the state the oldest unconsumed rollout starts from; the
+        rollouts outstanding are dropped (not consumed, so not counted) and granted again. Returns
+        the seconds the learner was held."""
         start = time.perf_counter()
         seq = self._oldest_unconsumed(index)
         state = self._request_states(f"restart{index}", {index: seq}, wait=True)[0]
         self.actors[index].stop()
+        if not started:
+            worker.start()
         self.actors[index] = worker
         worker.send(("restore", state, seq))
         self._rollouts[index].clear()
@@ -507,7 +500,8 @@ class AsyncTrainer:
                     self._standby[i]["worker"].launch()
             if i in self._standby and self._advance_standby(i):
                 standby = self._standby.pop(i)
-                manager.restarted(i, self._switch_to(i, standby["worker"]), standby["warm_seconds"])
+                manager.restarted(i, self._replace_actor(i, standby["worker"], started=True),
+                                  standby["warm_seconds"])
                 continue  # its resize, if one is pending, goes out with its next parameters
             groups = manager.resize_to(i)
             if groups is not None:

@@ -110,18 +110,22 @@ def render_markdown(results: dict) -> str:
                       f"one's (start-up compilation); compilations mid-run count.", "",
                   "| system | env steps to threshold | seconds at steady rate | seconds measured |",
                   "| --- | ---: | ---: | ---: |"]
-        lines += [f"| {SYSTEM_LABELS[n]} | {_fmt(s['steps_to_threshold'])} | {_fmt(s['seconds_to_threshold'], '.1f')} "
-                  f"| {_fmt(s.get('wall_seconds_to_threshold'), '.1f')} |" for n, s in timed.items()]
+        lines += _threshold_rows(timed, ("steps_to_threshold", "seconds_to_threshold", "wall_seconds_to_threshold"))
         if "common_return" in threshold:
             lines += ["", f"Not every system reached it; to {threshold['common_return']:.4g}, the highest return "
                           f"every system reached:", "",
                       "| system | env steps | seconds at steady rate | seconds measured |", "| --- | ---: | ---: | ---: |"]
-            lines += [f"| {SYSTEM_LABELS[n]} | {_fmt(s['common_threshold_times']['steps'])} "
-                      f"| {_fmt(s['common_threshold_times']['seconds'], '.1f')} "
-                      f"| {_fmt(s['common_threshold_times']['wall_seconds'], '.1f')} |"
-                      for n, s in timed.items() if "common_threshold_times" in s]
+            lines += _threshold_rows({n: s["common_threshold_times"] for n, s in timed.items()
+                                      if "common_threshold_times" in s}, ("steps", "seconds", "wall_seconds"))
     lines += ["", *_eval_lines(results), *_tuning_lines(results), *_notes(results), ""]
     return "\n".join(lines)
+
+
+def _threshold_rows(times: dict, keys: tuple[str, str, str]) -> list[str]:
+    """Per system, its env steps, seconds at steady rate and seconds measured, read under `keys`."""
+    steps, seconds, measured = keys
+    return [f"| {SYSTEM_LABELS[n]} | {_fmt(t[steps])} | {_fmt(t[seconds], '.1f')} | {_fmt(t.get(measured), '.1f')} |"
+            for n, t in times.items()]
 
 
 def _tuning_lines(results: dict) -> list[str]:
