@@ -13,6 +13,7 @@ commands:
   plan [--preset NAME]                           measure an iteration, rank legal transformations, save a plan
   tune [--preset NAME] [--no-overlap ...]        keep only the transformations that measure faster
   ablate [--presets ...] [--arms ...] [--seeds]  tune and measure each optimization on and off, per seed
+  lag-study [--preset NAME] [--lags 0 2 4 ...]   what a fixed policy lag costs per env step, per off-policy correction
   doctor                                         what this machine offers: GPUs, SMs, MPS, GPM, versions
 
 Run `jaxrose train --help` for every setting.
@@ -111,7 +112,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 # Each command's entry point, imported only when that command runs (they pull in heavy packages).
 COMMANDS = {"train": "jaxrose.cli:train_main", "presets": "jaxrose.cli:presets_main", "tune": "jaxrose.tune:main",
-            "ablate": "jaxrose.ablate:main",
+            "ablate": "jaxrose.ablate:main", "lag-study": "jaxrose.lag_study:main",
             "plan": "jaxrose.plan_cli:main", "doctor": "jaxrose.doctor:main", "bench": "jaxrose.bench:main"}
 
 

@@ -120,7 +120,14 @@ class PPOConfig:
     max_grad_norm: Optional[float] = None
     max_off_policy_weight: float = 1.0
     """Truncation of the importance weight between the proximal and a stale behaviour policy
-    (asynchronous mode only; V-trace's c-bar)."""
+    (asynchronous mode only; V-trace's rho-bar)."""
+    off_policy_correction: Literal["decoupled", "vtrace", "behaviour"] = "decoupled"
+    """How the loss treats a batch collected with older parameters (asynchronous mode; identical at
+    lag 0). `decoupled` (default): the trust region around the proximal policy, the stale gap
+    corrected by a truncated importance weight (Hilton et al. 2022). `vtrace`: the same, and the
+    value targets and advantages built with V-trace's truncated traces (Espeholt et al. 2018).
+    `behaviour`: the stale batch taken as if on-policy, PPO clipped around the behaviour policy
+    (an ablation; `jaxrose lag-study` measures the three)."""
     bootstrap_on_truncation: bool = False
     """False: truncated steps are masked out of GAE (brax's default). True: the value of the
     observation reached at truncation is added to the last reward, so time limits are not treated

@@ -52,23 +52,30 @@ class Learner(NamedTuple):
     update: Callable[[LearnerState, Batch], tuple[LearnerState, dict]]
 
 
-def compute_gae(truncation, termination, rewards, values, bootstrap_value, lambda_: float, discount: float):
+def compute_gae(truncation, termination, rewards, values, bootstrap_value, lambda_: float, discount: float,
+                rho=None, trace=None):
     """GAE over time-major [T, B] arrays, as brax computes it: returns (value targets, advantages).
 
     Truncated steps are masked out of the deltas and cut the recursion, so a time limit neither
-    bootstraps through the reset nor counts as a failure.
+    bootstraps through the reset nor counts as a failure. `rho` and `trace` ([T, B], default ones)
+    make these V-trace's off-policy targets: each TD error is weighted by its truncated importance
+    weight rho_t and the lambda-trace through step t is cut by c_t (Espeholt et al. 2018, eq. 1, with
+    c_t = lambda * trace_t); with both at one they are GAE's exactly.
     """
     truncation_mask = 1.0 - truncation
     values_next = jnp.concatenate([values[1:], bootstrap_value[None]], axis=0)
     deltas = (rewards + discount * (1.0 - termination) * values_next - values) * truncation_mask
+    if rho is not None:
+        deltas = deltas * rho
+    trace = jnp.ones_like(deltas) if trace is None else trace
 
     def backward(acc, xs):
-        mask, delta, term = xs
-        acc = delta + discount * (1.0 - term) * mask * lambda_ * acc
+        mask, delta, term, c = xs
+        acc = delta + discount * (1.0 - term) * mask * lambda_ * c * acc
         return acc, acc
 
     _, vs_minus_v = jax.lax.scan(backward, jnp.zeros_like(bootstrap_value),
-                                 (truncation_mask, deltas, termination), reverse=True)
+                                 (truncation_mask, deltas, termination, trace), reverse=True)
     vs = vs_minus_v + values
     vs_next = jnp.concatenate([vs[1:], bootstrap_value[None]], axis=0)
     advantages = (rewards + discount * (1.0 - termination) * vs_next - values) * truncation_mask
@@ -91,8 +98,12 @@ def ppo_loss(params: Params, normalizer, batch: Batch, key: jax.Array, net: Acto
         termination = 1.0 - batch.discount
         truncation = jnp.zeros_like(truncation)
 
+    rho = trace = None
+    if config.off_policy_correction == "vtrace" and batch.proximal_log_prob is not None:
+        ratio = jnp.exp(jnp.clip(batch.proximal_log_prob - batch.log_prob, -20.0, 20.0)).T
+        rho, trace = jnp.minimum(ratio, config.max_off_policy_weight), jnp.minimum(ratio, 1.0)
     vs, advantages = compute_gae(truncation.T, termination.T, rewards.T, values.T, bootstrap_value,
-                                 config.gae_lambda, config.discounting)
+                                 config.gae_lambda, config.discounting, rho, trace)
     vs, advantages = vs.T, advantages.T
     if config.normalize_advantage:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -109,15 +120,20 @@ def ppo_loss(params: Params, normalizer, batch: Batch, key: jax.Array, net: Acto
         "value_loss": value_loss,
         "entropy_loss": entropy_loss,
         "approx_kl": jnp.mean(batch.log_prob - new_log_prob),
-        "clip_fraction": jnp.mean((jnp.abs(jnp.exp(new_log_prob - _anchor(batch)) - 1.0)
+        "clip_fraction": jnp.mean((jnp.abs(jnp.exp(new_log_prob - _anchor(batch, config)) - 1.0)
                                    > config.clipping_epsilon).astype(jnp.float32)),
         "off_policy_weight": jnp.mean(off_policy_weight),
     }
     return total, metrics
 
 
-def _anchor(batch: Batch) -> jax.Array:
-    return batch.log_prob if batch.proximal_log_prob is None else batch.proximal_log_prob
+def _corrected(batch: Batch, config: PPOConfig) -> bool:
+    """Whether the loss corrects for a stale behaviour policy (a proximal one exists and is used)."""
+    return batch.proximal_log_prob is not None and config.off_policy_correction != "behaviour"
+
+
+def _anchor(batch: Batch, config: PPOConfig) -> jax.Array:
+    return batch.proximal_log_prob if _corrected(batch, config) else batch.log_prob
 
 
 def _clipped_surrogate(new_log_prob, batch: Batch, advantages, config: PPOConfig):
@@ -126,13 +142,13 @@ def _clipped_surrogate(new_log_prob, batch: Batch, advantages, config: PPOConfig
     policy when the update starts), and the gap between it and the stale behaviour policy is
     corrected by an importance weight truncated at `ppo.max_off_policy_weight`, as V-trace does.
     Without a proximal policy (lag 0) both policies coincide, the weight is 1 and this is PPO's loss
-    exactly. The log-ratio is clipped to +-20 before `exp`: with a scale near its floor (1e-3) one
+    exactly; so it is with `ppo.off_policy_correction='behaviour'` (the ablation that ignores staleness). The log-ratio is clipped to +-20 before `exp`: with a scale near its floor (1e-3) one
     update can move a sample's log-prob by hundreds, the ratio overflows float32 and its gradient
     turns NaN (seen with many SGD steps per update, a batch grown with its minibatch size kept);
     such a sample lies far outside the trust region either way, and healthy updates never reach it."""
-    anchor = _anchor(batch)
+    anchor = _anchor(batch, config)
     weight = jnp.ones_like(anchor)
-    if batch.proximal_log_prob is not None:
+    if _corrected(batch, config):
         weight = jnp.minimum(jnp.exp(batch.proximal_log_prob - batch.log_prob), config.max_off_policy_weight)
         weight = jax.lax.stop_gradient(weight)
     ratio = jnp.exp(jnp.clip(new_log_prob - anchor, -20.0, 20.0))

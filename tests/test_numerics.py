@@ -51,6 +51,43 @@ def test_gae_matches_python_loop(seed):
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
 
 
+def vtrace_python_loop(truncation, termination, rewards, values, bootstrap, lam, gamma, ratio, rho_bar):
+    """V-trace targets (Espeholt et al. 2018, eq. 1) as a loop over the textbook sum
+    v_s = V(x_s) + sum_t gamma^(t-s) (prod_{s<=i<t} lam * c_i) rho_t delta_t, with rho_t = min(rho_bar, r_t),
+    c_i = min(1, r_i), cut where an episode ends or is truncated (brax's masking)."""
+    T, B = rewards.shape
+    vs = np.zeros((T, B))
+    for b in range(B):
+        for s in range(T):
+            total, coefficient = 0.0, 1.0
+            for t in range(s, T):
+                next_value = values[t + 1, b] if t + 1 < T else bootstrap[b]
+                mask = 1.0 - truncation[t, b]
+                delta = (rewards[t, b] + gamma * (1 - termination[t, b]) * next_value - values[t, b]) * mask
+                total += coefficient * min(rho_bar, ratio[t, b]) * delta
+                coefficient *= gamma * (1 - termination[t, b]) * mask * lam * min(1.0, ratio[t, b])
+            vs[s, b] = values[s, b] + total
+    return vs
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vtrace_targets_match_python_loop(seed):
+    truncation, termination, rewards, values, bootstrap = random_trajectory(seed)
+    ratio = np.exp(np.random.default_rng(seed + 10).normal(scale=0.7, size=rewards.shape)).astype(np.float32)
+    rho_bar = 1.5
+    vs, adv = compute_gae(truncation, termination, rewards, values, bootstrap, 0.9, 0.97,
+                          rho=np.minimum(ratio, rho_bar), trace=np.minimum(ratio, 1.0))
+    ref_vs = vtrace_python_loop(truncation, termination, rewards, values, bootstrap, 0.9, 0.97, ratio, rho_bar)
+    np.testing.assert_allclose(vs, ref_vs, rtol=1e-5, atol=1e-5)
+    next_vs = np.concatenate([ref_vs[1:], bootstrap[None]])
+    ref_adv = (rewards + 0.97 * (1 - termination) * next_vs - values) * (1 - truncation)
+    np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
+    ones = np.ones_like(ratio)  # at ratio one V-trace is GAE
+    for a, b in zip(compute_gae(truncation, termination, rewards, values, bootstrap, 0.9, 0.97, ones, ones),
+                    gae_python_loop(truncation, termination, rewards, values, bootstrap, 0.9, 0.97)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_gae_matches_brax():
     from brax.training.agents.ppo.losses import compute_gae as brax_gae
 
@@ -209,12 +246,54 @@ def test_decoupled_loss_weights_stale_samples_by_hand():
         np.testing.assert_allclose(a, 1.5 * b, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("correction", ["decoupled", "vtrace", "behaviour"])
+def test_every_off_policy_correction_is_ppo_at_lag_zero(correction):
+    """A proximal policy equal to the behaviour policy (lag 0): each correction gives PPO's loss and
+    gradient (V-trace's weights are all one)."""
+    net, params, stats, batch, _ = _loss_batch(0.3)
+    plain = jax.value_and_grad(ppo_loss, has_aux=True)(params, stats, batch, jax.random.PRNGKey(5), net, PPOConfig())
+    lagged = batch.replace(proximal_log_prob=batch.log_prob)
+    config = PPOConfig(off_policy_correction=correction, max_off_policy_weight=2.0)
+    corrected = jax.value_and_grad(ppo_loss, has_aux=True)(params, stats, lagged, jax.random.PRNGKey(5), net, config)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(corrected)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_behaviour_correction_ignores_the_proximal_policy():
+    """`behaviour` takes a stale batch as on-policy: the same loss as the batch without proximal
+    log-probs, where `decoupled` differs (its trust region is around the proximal policy)."""
+    net, params, stats, batch, current = _loss_batch(np.log(2.0))
+    lagged = batch.replace(proximal_log_prob=current)
+    loss = lambda b, c: ppo_loss(params, stats, b, jax.random.PRNGKey(5), net, PPOConfig(off_policy_correction=c))
+    behaviour, _ = loss(lagged, "behaviour")
+    assert float(behaviour) == float(loss(batch, "decoupled")[0])
+    assert float(behaviour) != float(loss(lagged, "decoupled")[0])
+
+
+def test_vtrace_correction_uses_vtrace_value_targets():
+    """With `vtrace`, the value loss is to V-trace's targets (from the proximal/behaviour ratio),
+    computed here by the Python loop; `decoupled` keeps GAE's."""
+    net, params, stats, batch, current = _loss_batch(0.0)
+    ratio_noise = jax.random.normal(jax.random.PRNGKey(9), current.shape) * 0.5
+    lagged = batch.replace(log_prob=current - ratio_noise, proximal_log_prob=current)
+    ppo = PPOConfig(off_policy_correction="vtrace", max_off_policy_weight=1.3, gae_lambda=0.9, discounting=0.9)
+    _, metrics = ppo_loss(params, stats, lagged, jax.random.PRNGKey(5), net, ppo)
+    values = np.asarray(net.value(params, stats, batch.obs)).T
+    bootstrap = np.asarray(net.value(params, stats, batch.last_obs))
+    zeros = np.zeros_like(values)
+    ratio = np.exp(np.asarray(ratio_noise)).T
+    vs = vtrace_python_loop(zeros, zeros, np.asarray(batch.reward).T, values, bootstrap, 0.9, 0.9, ratio, 1.3)
+    np.testing.assert_allclose(metrics["value_loss"], 0.5 * 0.5 * np.mean(np.square(vs - values)), rtol=1e-4)
+    _, decoupled = ppo_loss(params, stats, lagged, jax.random.PRNGKey(5), net,
+                            PPOConfig(max_off_policy_weight=1.3, gae_lambda=0.9, discounting=0.9))
+    assert abs(float(decoupled["value_loss"]) - float(metrics["value_loss"])) > 1e-6
+
+
 def test_surrogate_stays_finite_when_one_update_moves_a_log_prob_far():
     """A sample whose log-prob moved by 100 within one update (a scale near its floor) overflows
     exp in float32; the clipped log-ratio keeps the loss and its gradient finite, and for ordinary
     ratios the surrogate is PPO's, computed by hand."""
-    from jaxrose.config import PPOConfig
-    from jaxrose.ppo import Batch, _clipped_surrogate
+    from jaxrose.ppo import _clipped_surrogate
 
     ppo = PPOConfig(clipping_epsilon=0.2)
     anchor = jnp.zeros((4,))
