@@ -34,7 +34,7 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
     from jaxrose.ppo_program import rollout_nodes
     from jaxrose.program import Program, run_program
     from jaxrose.sequential import make_env
-    from jaxrose.transport import attach
+    from jaxrose.transport import attach, publish, take
 
     env = env if env is not None else make_env(config)
     episode, per_group = config.env.episode_length, config.env.envs_per_group
@@ -113,10 +113,10 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
                         del starts[done]
                 elif kind == "state":  # the start of rollout `which`: the next one's if it has not begun
                     _, tag, which = message
-                    conn.send(("state", index, tag, jax.device_get(starts[which])))
+                    conn.send(("state", index, tag, publish(starts[which])))
                 elif kind == "restore":  # its group count is the restored state's
-                    _, state, seq = message
-                    starts, credits = {seq: jax.device_put(state)}, 0
+                    _, published, seq = message
+                    starts, credits = {seq: jax.device_put(take(published))}, 0
                 elif kind == "resize":
                     _, size, update = message
                     env_state, key = starts[seq]

@@ -51,6 +51,7 @@ from jaxrose import distribution
 from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.async_actor import groups_of, resize_label, rollout_label, run_actor, trajectory_groups
 from jaxrose.precompile import Precompiler
+from jaxrose.transport import publish, take
 from jaxrose.workers import Worker, WorkerError
 
 
@@ -354,7 +355,7 @@ class AsyncTrainer:
         if not started:
             worker.start()
         self.actors[index] = worker
-        worker.send(("restore", state, seq))
+        worker.send(("restore", publish(state), seq))
         self._rollouts[index].clear()
         self._next_seq[index], self._sent_version[index], self._sent_buffers[index] = seq, -1, set()
         self.precompiled.pop(f"actor{index}", None)  # the new process compiles its other levels again
@@ -553,7 +554,7 @@ class AsyncTrainer:
         else:
             learner, version, consumed = start.learner, start.updates, start.env_steps
             for i, (actor, state) in enumerate(zip(self.actors, start.actors, strict=True)):
-                actor.send(("restore", state, self._next_seq[i]))
+                actor.send(("restore", publish(state), self._next_seq[i]))
                 self.groups[i] = groups_of(state[0])
         # Committed to the device, as every update's output is: a jitted learner stage sees one kind of
         # input from the first update on (an uncommitted one would compile it a second time).
@@ -697,9 +698,9 @@ class AsyncTrainer:
         for actor in self.actors:
             while actor.poll():
                 message = actor.receive(60.0)
-                if message[0] == "state":
-                    _, index, tag, state = message
-                    self._states[tag][index] = state
+                if message[0] == "state":  # published through shared memory: copied out here, no pickling
+                    _, index, tag, published = message
+                    self._states[tag][index] = take(published)
                     continue
                 if message[0] == "precompiled":  # (label, seconds) of each batch size compiled ahead
                     _, index, compiled = message

@@ -8,7 +8,7 @@ on any machine. Every (lag, correction, seed) run learns from the same number of
 evaluated on the synchronous trainer's schedule with the same evaluation episodes; lag 0 is the
 sequential executor's training (tested).
 
-`jaxrose lag-study --preset pendulum --lags 0 1 2 4 8` writes `results.json` (every curve),
+`jaxrose lag-study --preset pendulum --lags 0 1 2 4 8 [-- TRAIN SETTINGS]` writes `results.json` (every curve),
 `results.md` (final return, mean return over the run, env steps to a threshold) and `lag_study.png`.
 """
 
@@ -206,6 +206,7 @@ def write_outputs(runs: Sequence[LagRun], rows: list[dict], out_dir: str, preset
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"preset": preset, "env_steps": config.num_iterations * config.env_steps_per_iteration,
                    "updates": config.num_iterations, "backend": jax.default_backend(),
+                   "config": dataclasses.asdict(config),
                    "runs": [dataclasses.asdict(r) for r in runs], "summary": rows}, f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(render_markdown(rows, preset, config.num_iterations * config.env_steps_per_iteration))
@@ -217,7 +218,10 @@ def main(args: list[str]) -> None:
 
     from jaxrose.presets import get_preset
 
-    parser = argparse.ArgumentParser(prog="jaxrose lag-study", description=__doc__.split("\n\n")[0])
+    train_args = args[args.index("--") + 1:] if "--" in args else []  # `jaxrose train` settings, e.g.
+    args = args[:args.index("--")] if "--" in args else args           # -- --ppo.max-off-policy-weight 2
+    parser = argparse.ArgumentParser(prog="jaxrose lag-study", description=__doc__.split("\n\n")[0],
+                                     epilog="After `--`, any `jaxrose train` setting applies to every run.")
     parser.add_argument("--preset", default="pendulum", help="preset name (see `jaxrose presets`)")
     parser.add_argument("--lags", nargs="+", type=int, default=[0, 1, 2, 4, 8])
     parser.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=CORRECTIONS)
@@ -234,13 +238,20 @@ def main(args: list[str]) -> None:
     if options.num_evals is not None:
         overrides["run.num_evals"] = options.num_evals
     config = replace(get_preset(options.preset), **overrides)
+    if train_args:
+        import tyro
+
+        config = tyro.cli(TrainConfig, default=config, args=train_args, prog="jaxrose lag-study ... --")
+
+    done: list[LagRun] = []
 
     def progress(run: LagRun) -> None:
         print(f"lag {run.lag} {run.correction:>9s} seed {run.seed}: final {run.final_return:.1f}, "
               f"mean {run.mean_return:.1f}, {run.seconds:.0f} s", flush=True)
+        done.append(run)  # the outputs are rewritten after each run: a study cut short keeps what it measured
+        write_outputs(done, summary_rows(done, options.return_threshold), options.out, options.preset, config)
 
     runs = lag_study(config, options.lags, options.corrections, options.seeds, progress)
     rows = summary_rows(runs, options.return_threshold)
-    write_outputs(runs, rows, options.out, options.preset, config)
     print("\n" + render_markdown(rows, options.preset, config.num_iterations * config.env_steps_per_iteration))
     print(f"outputs: {os.path.abspath(options.out)} (results.json, results.md, lag_study.png)")

@@ -70,6 +70,38 @@ class SharedTreeReader:
         self._views.clear()
 
 
+def publish(tree: Any) -> dict:
+    """A one-shot hand-off of `tree` through fresh shared-memory segments, for large trees sent now
+    and then (an actor's env state: hundreds of MB at 16,384 ant envs), which a pipe would pickle and
+    copy twice. Returns the message `take` reads exactly once, in this process or another one spawned
+    from the same parent (they share its resource tracker, which unlinks segments never taken when
+    the run ends). The segments outlive the process that published them."""
+    leaves, treedef = jax.tree.flatten(jax.device_get(tree))
+    specs = []
+    for leaf in leaves:
+        leaf = np.asarray(leaf)
+        segment = shared_memory.SharedMemory(create=True, size=max(1, leaf.nbytes))
+        view = np.ndarray(leaf.shape, leaf.dtype, buffer=segment.buf)
+        view[...] = leaf
+        del view  # a segment with a live view cannot close
+        segment.close()
+        specs.append((segment.name, leaf.shape, leaf.dtype))
+    return {"kind": "published", "specs": specs, "treedef": treedef}
+
+
+def take(message: dict) -> Any:
+    """The tree `publish` wrote: copied out, its segments unlinked."""
+    leaves = []
+    for name, shape, dtype in message["specs"]:
+        segment = _attach(name)
+        view = np.ndarray(shape, dtype, buffer=segment.buf)
+        leaves.append(np.array(view))
+        del view
+        segment.close()
+        segment.unlink()
+    return jax.tree.unflatten(message["treedef"], leaves)
+
+
 def _attach(name: str) -> shared_memory.SharedMemory:
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)

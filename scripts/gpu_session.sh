@@ -19,6 +19,8 @@
 #           started with bg (~6-7 min): follow with `collect grow`; GROW_ARGS adds train settings (e.g.
 #           "--run.resources.grow-keeps update_size --run.max-policy-lag 7"), GROW_BENCH_ARGS bench settings
 #           (e.g. "--return-threshold 3000")
+#   lagstudy [PRESET] [LAGS] [SEEDS]: jaxrose lag-study (fixed policy lags x off-policy corrections); ant-mlp's
+#           default (lags 0 4 8, seed 1) is ~7 runs of 50M steps: `bgstage lagstudy lagstudy; collect lagstudy 570`
 #   bf16    [PRESET]: pusher-transformer with bfloat16 networks: sequential and async (bg, ~7.5 min: `bf16; collect bf16 560`)
 #   fp32    [PRESET]: the float32 sequential system at bf16's settings (~4 min)
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
@@ -126,6 +128,10 @@ case "${1:?stage}" in
   grow) start_bg grow bench --preset ant-mlp --total-env-steps "${2:-30000000}" --num-evals 6 --systems async,brax \
          --repeats 3 --async-group-levels "${3:-1,2,4}" --out /tmp/bg/grow/results --record /tmp/bg/grow/BENCH.md \
          ${GROW_BENCH_ARGS:-} -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${GROW_ARGS:---run.max-policy-lag 7 --run.resources.interval 2} ;;
+  lagstudy) # [PRESET] [LAGS] [SEEDS]: PPO at fixed policy lags, per off-policy correction (jaxrose lag-study); ant-mlp's
+        # 7 runs take longer than a call: `bgstage lagstudy lagstudy` and `collect lagstudy`. results.* after each run
+        timeout "${LAG_SECONDS:-1500}" python3 -m jaxrose.cli lag-study --preset "${2:-ant-mlp}" --lags ${3:-0 4 8} \
+          --seeds ${4:-1} --out "$out/lagstudy" ${LAG_ARGS:-} 2>&1 | tee "$out/lagstudy.log" | grep "^lag " ;;
   async-only) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
@@ -225,7 +231,7 @@ case "${1:?stage}" in
              "after its idle time), so that run is lost; start it again and collect in the same call" >&2; exit 4
       fi
       while [ ! -f "/tmp/bg/$name/exit" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
-      grep "\[bench\]\|\[notebook\]" "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
+      grep "\[bench\]\|\[notebook\]\|^lag " "/tmp/bg/$name/log"; tar -czf "$out/$name.tar.gz" -C /tmp/bg "$name"
       if [ -f "/tmp/bg/$name/exit" ]; then echo "exit $(cat /tmp/bg/$name/exit)"; else echo "still running"; exit 3; fi ;;
   tune) # [PRESET]: jaxrose tune alone, evaluation placement included; its plan.json and tune.json come back, to
         # commit and hand to `tuned PRESET STEPS PLAN` in the next call (each call fits the 600 s limit, so a machine

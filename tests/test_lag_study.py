@@ -71,11 +71,12 @@ def test_summary_by_hand():
 def test_command_writes_results_table_and_plot(tmp_path):
     out = str(tmp_path / "study")
     main(["--preset", "point-mass", "--lags", "0", "1", "--corrections", "decoupled", "--env-steps", "10240",
-          "--num-evals", "2", "--return-threshold", "1e9", "--out", out])
+          "--num-evals", "2", "--return-threshold", "1e9", "--out", out, "--", "--ppo.max-off-policy-weight", "2"])
     with open(os.path.join(out, "results.json")) as f:
         results = json.load(f)
     assert [(r["lag"], r["correction"]) for r in results["runs"]] == [(0, "decoupled"), (1, "decoupled")]
     assert results["summary"][1]["seeds_reaching"] == 0
+    assert results["config"]["ppo"]["max_off_policy_weight"] == 2.0  # the setting after `--` reached the runs
     assert os.path.getsize(os.path.join(out, "lag_study.png")) > 10_000
     with open(os.path.join(out, "results.md")) as f:
         assert "| 1 | decoupled | 1 |" in f.read()

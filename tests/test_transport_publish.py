@@ -1,0 +1,48 @@
+"""One-shot hand-offs through shared memory (`transport.publish` / `take`): exact, taken once, and
+readable in another process (how an actor's env state reaches the learner and a restarted actor)."""
+
+import multiprocessing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrose.transport import _attach, publish, take
+
+
+def _tree():
+    return {"qpos": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "done": np.array([True, False]),
+            "empty": np.zeros((2, 0), np.float32), "half": jnp.ones((3,), jnp.bfloat16) * 1.5,
+            "key": jax.random.PRNGKey(7)}
+
+
+def _publish_in_child(conn):
+    conn.send(publish(_tree()))
+    conn.close()
+
+
+def test_round_trip_is_exact_and_unlinks():
+    message = publish(_tree())
+    got = take(message)
+    expected = jax.device_get(_tree())
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    for name, _, _ in message["specs"]:  # taken once: the segments are gone
+        with pytest.raises(FileNotFoundError):
+            _attach(name)
+
+
+def test_published_by_a_process_that_has_exited():
+    """A spawned process publishes and exits (as a stopped actor does); the parent still takes it."""
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_publish_in_child, args=(child,))
+    process.start()
+    message = parent.recv()
+    process.join(60)
+    assert process.exitcode == 0
+    for a, b in zip(jax.tree.leaves(take(message)), jax.tree.leaves(jax.device_get(_tree()))):
+        np.testing.assert_array_equal(a, b)
