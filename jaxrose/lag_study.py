@@ -123,6 +123,10 @@ def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled",
 def lag_study(config: TrainConfig, lags: Sequence[int], corrections: Sequence[str] = CORRECTIONS,
               seeds: Sequence[int] = (0,), progress_fn: Optional[Callable[[LagRun], None]] = None) -> list[LagRun]:
     """Every lag x correction x seed. At lag 0 the corrections coincide, so only the first runs."""
+    if config.run.compile_cache:  # each run jits fresh closures: the persistent cache turns their compiles into loads
+        from jaxrose.train import use_compile_cache
+
+        use_compile_cache(config.run.compile_cache)
     runs = []
     for seed in seeds:
         for lag in lags:

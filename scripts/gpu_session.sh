@@ -21,6 +21,8 @@
 #           (e.g. "--return-threshold 3000")
 #   lagstudy [PRESET] [LAGS] [SEEDS]: jaxrose lag-study (fixed policy lags x off-policy corrections); ant-mlp's
 #           default (lags 0 4 8, seed 1) is ~7 runs of 50M steps: `bgstage lagstudy lagstudy; collect lagstudy 570`
+#   lagseeds [PRESET] [LAGS] [SEEDS]: the same with each seed (default 1 2) a detached process beside the others:
+#           `lagseeds; collect lag1 570; collect lag2 60`
 #   bf16    [PRESET]: pusher-transformer with bfloat16 networks: sequential and async (bg, ~7.5 min: `bf16; collect bf16 560`)
 #   fp32    [PRESET]: the float32 sequential system at bf16's settings (~4 min)
 #   async-only [LEARNER_SM%] [EVAL_SM%]: the async system and the sim ceiling alone (after `async`, whose
@@ -132,6 +134,13 @@ case "${1:?stage}" in
         # 7 runs take longer than a call: `bgstage lagstudy lagstudy` and `collect lagstudy`. results.* after each run
         timeout "${LAG_SECONDS:-1500}" python3 -m jaxrose.cli lag-study --preset "${2:-ant-mlp}" --lags ${3:-0 4 8} \
           --seeds ${4:-1} --out "$out/lagstudy" ${LAG_ARGS:-} 2>&1 | tee "$out/lagstudy.log" | grep "^lag " ;;
+  lagseeds) # [PRESET] [LAGS] [SEEDS]: `lagstudy` with each seed in its own detached process, sharing the GPU (the study
+        # measures return per env step, not time); follow with `collect lag<SEED>` for each seed
+        for seed in ${4:-1 2}; do
+          detach "lag$seed" env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${LAG_SECONDS:-1500}" python3 -m jaxrose.cli \
+            lag-study --preset "${2:-ant-mlp}" --lags ${3:-0 4 8} --seeds "$seed" --out "/tmp/bg/lag$seed/out/lagstudy" \
+            ${LAG_ARGS:-} -- --run.compile-cache /tmp/bg/cc
+        done ;;
   async-only) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \
          --record "$out/BENCH_async_only.md" -- --run.actors 1 --run.compile-cache /tmp/bg/cc \
