@@ -29,7 +29,7 @@ from jaxrose.plan_executor import PlanExecutor
 from jaxrose.ppo_program import ITERATION_INPUTS, rollout_nodes, run_state_to_program_state
 from jaxrose.program import Program, run_program, writes_of
 from jaxrose.sequential import RunState, SequentialExecutor, health, make_env, next_run_state
-from jaxrose.transport import attach, make_buffers, transport_kind
+from jaxrose.transport import attach, make_buffers, publish, take, transport_kind
 from jaxrose.workers import Worker
 
 BROADCAST = ("params", "normalizer")  # what the controller sends every iteration
@@ -101,7 +101,7 @@ def _serve_groups(conn, config: TrainConfig, plan: Plan, index: int, outputs: tu
                 results.write({name: values[name] for name in outputs})
                 conn.send(("result", message[1], time.perf_counter() - start))
             elif kind == "gather":
-                conn.send(("state", jax.device_get(resident[GROUP_RESIDENT_STATE])))
+                conn.send(("state", publish(resident[GROUP_RESIDENT_STATE])))  # shared memory, not pickled
     finally:
         for buffers in (broadcast, results):
             if buffers is not None:
@@ -246,7 +246,7 @@ class GroupSpreadExecutor(PlanExecutor):
             return state
         for worker in self.workers:
             worker.send(("gather",))
-        parts = [worker.receive(self.timeout)[1] for worker in self.workers]
+        parts = [take(worker.receive(self.timeout)[1]) for worker in self.workers]
         env_state = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *parts)
         return state.replace(env_state=jax.device_put(env_state))
 
