@@ -142,7 +142,8 @@ def _clipped_surrogate(new_log_prob, batch: Batch, advantages, config: PPOConfig
     policy when the update starts), and the gap between it and the stale behaviour policy is
     corrected by an importance weight truncated at `ppo.max_off_policy_weight`, as V-trace does.
     Without a proximal policy (lag 0) both policies coincide, the weight is 1 and this is PPO's loss
-    exactly; so it is with `ppo.off_policy_correction='behaviour'` (the ablation that ignores staleness). The log-ratio is clipped to +-20 before `exp`: with a scale near its floor (1e-3) one
+    exactly; so it is with `ppo.off_policy_correction='behaviour'` (the ablation that ignores
+    staleness). The log-ratio is clipped to +-20 before `exp`: with a scale near its floor (1e-3) one
     update can move a sample's log-prob by hundreds, the ratio overflows float32 and its gradient
     turns NaN (seen with many SGD steps per update, a batch grown with its minibatch size kept);
     such a sample lies far outside the trust region either way, and healthy updates never reach it."""
