@@ -40,6 +40,9 @@ class LagRun:
     behaviour_versions: list[int]  # per update: the parameters (update count) its trajectory was collected with
     off_policy_weight: list[float]  # per update: the loss's mean truncated importance weight
     seconds: float  # wall time of the run, compile included
+    # per update: the fraction of samples outside the trust region around the loss's anchor (the
+    # proximal policy, or the behaviour policy for `behaviour`), over the update's SGD steps
+    clip_fraction: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def final_return(self) -> float:
@@ -113,6 +116,7 @@ def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled",
         recent.append((iteration, learner.params, learner.normalizer))
         run.behaviour_versions.append(version)
         run.off_policy_weight.append(float(metrics["off_policy_weight"]))
+        run.clip_fraction.append(float(metrics["clip_fraction"]))
         if iteration % config.iterations_per_eval == 0:
             record_evaluation(iteration)
     run.seconds = time.perf_counter() - start
@@ -152,6 +156,8 @@ def summary_rows(runs: Sequence[LagRun], threshold: Optional[float] = None) -> l
         rows.append({"lag": lag, "correction": "any" if lag == 0 else correction, "seeds": len(members),
                      "final_return": statistics.mean(finals), "final_return_std": _std(finals),
                      "mean_return": statistics.mean(means), "mean_return_std": _std(means),
+                     "clip_fraction": statistics.mean(float(np.mean(r.clip_fraction)) if r.clip_fraction else 0.0
+                                                      for r in members),
                      "threshold": threshold, "seeds_reaching": len(hit) if threshold is not None else None,
                      "median_steps_to_threshold": statistics.median(hit) if hit else None})
     return rows
@@ -163,7 +169,7 @@ def _std(values: list[float]) -> float:
 
 def render_markdown(rows: list[dict], preset: str, env_steps: int) -> str:
     threshold = rows[0]["threshold"] if rows else None
-    head = ["lag", "correction", "seeds", "final return", "mean return over the run"]
+    head = ["lag", "correction", "seeds", "final return", "mean return over the run", "clip fraction"]
     if threshold is not None:
         head.append(f"env steps to {threshold:g} (median; seeds reaching)")
     lines = [f"Policy lag study, `{preset}`, {env_steps:,} env steps per run (mean ± std over seeds).", "",
@@ -171,7 +177,7 @@ def render_markdown(rows: list[dict], preset: str, env_steps: int) -> str:
     for row in rows:
         cells = [str(row["lag"]), row["correction"], str(row["seeds"]),
                  f"{row['final_return']:.1f} ± {row['final_return_std']:.1f}",
-                 f"{row['mean_return']:.1f} ± {row['mean_return_std']:.1f}"]
+                 f"{row['mean_return']:.1f} ± {row['mean_return_std']:.1f}", f"{row['clip_fraction']:.3f}"]
         if threshold is not None:
             steps = row["median_steps_to_threshold"]
             cells.append(f"{'—' if steps is None else f'{steps:,.0f}'} ({row['seeds_reaching']}/{row['seeds']})")

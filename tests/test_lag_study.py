@@ -16,11 +16,12 @@ from jaxrose.sequential import SequentialExecutor
 def test_lag_zero_is_the_sequential_executors_training(tiny_config):
     run = train_with_lag(tiny_config, lag=0, seed=3)
     executor = SequentialExecutor(replace(tiny_config, **{"run.seed": 3}))
-    state, _ = executor.run(executor.init(jax.random.PRNGKey(3)), tiny_config.num_iterations)
+    state, history = executor.run(executor.init(jax.random.PRNGKey(3)), tiny_config.num_iterations)
     for ours, reference in zip(jax.tree.leaves(run.learner.params), jax.tree.leaves(state.learner.params)):
         np.testing.assert_allclose(ours, reference, rtol=2e-5, atol=2e-6)
     assert run.behaviour_versions == list(range(tiny_config.num_iterations))
     assert run.off_policy_weight == [1.0] * tiny_config.num_iterations
+    np.testing.assert_allclose(run.clip_fraction, [m["train/clip_fraction"] for m in history], atol=1e-6)
     assert run.env_steps == [0, 1024, 2048] and len(run.returns) == 3
 
 
@@ -50,13 +51,13 @@ def test_bad_settings_name_the_fix(tiny_config):
         train_with_lag(tiny_config, lag=1, correction="impala")
 
 
-def _run(lag, correction, seed, returns):
-    return LagRun(lag, correction, seed, [0, 100, 200], returns, [], [], 1.0)
+def _run(lag, correction, seed, returns, clip_fraction=(0.0, 0.0)):
+    return LagRun(lag, correction, seed, [0, 100, 200], returns, [], [], 1.0, list(clip_fraction))
 
 
 def test_summary_by_hand():
     runs = [_run(0, "decoupled", 0, [0.0, 10.0, 30.0]), _run(0, "decoupled", 1, [0.0, 20.0, 50.0]),
-            _run(4, "vtrace", 0, [0.0, 5.0, 10.0]), _run(4, "vtrace", 1, [0.0, 0.0, 40.0])]
+            _run(4, "vtrace", 0, [0.0, 5.0, 10.0], (0.1, 0.3)), _run(4, "vtrace", 1, [0.0, 0.0, 40.0], (0.4, 0.4))]
     rows = summary_rows(runs, threshold=25.0)
     assert [(r["lag"], r["correction"]) for r in rows] == [(0, "any"), (4, "vtrace")]
     assert rows[0]["final_return"] == 40.0 and rows[0]["final_return_std"] == pytest.approx(np.std([30, 50], ddof=1))
@@ -64,8 +65,9 @@ def test_summary_by_hand():
     assert rows[1]["mean_return_std"] == pytest.approx(np.std([7.5, 20.0], ddof=1))
     assert rows[0]["median_steps_to_threshold"] == 200 and rows[0]["seeds_reaching"] == 2
     assert rows[1]["median_steps_to_threshold"] == 200 and rows[1]["seeds_reaching"] == 1
+    assert rows[1]["clip_fraction"] == pytest.approx(0.3)  # seeds' means 0.2 and 0.4
     table = render_markdown(rows, "toy", 200)
-    assert "| 4 | vtrace | 2 | 25.0 ± 21.2 | 13.8 ± 8.8 | 200 (1/2) |" in table
+    assert "| 4 | vtrace | 2 | 25.0 ± 21.2 | 13.8 ± 8.8 | 0.300 | 200 (1/2) |" in table
 
 
 def test_command_writes_results_table_and_plot(tmp_path):
