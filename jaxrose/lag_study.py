@@ -39,10 +39,10 @@ class LagRun:
     returns: list[float]  # mean evaluation return at each evaluation
     behaviour_versions: list[int]  # per update: the parameters (update count) its trajectory was collected with
     off_policy_weight: list[float]  # per update: the loss's mean truncated importance weight
-    seconds: float  # wall time of the run, compile included
     # per update: the fraction of samples outside the trust region around the loss's anchor (the
     # proximal policy, or the behaviour policy for `behaviour`), over the update's SGD steps
-    clip_fraction: list[float] = dataclasses.field(default_factory=list)
+    clip_fraction: list[float]
+    seconds: float  # wall time of the run, compile included
 
     @property
     def final_return(self) -> float:
@@ -101,7 +101,7 @@ def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled",
     learner, env_state, key = state.learner, state.env_state, state.key
     # The parameters of the last `lag + 1` updates, oldest first: the oldest collects the next trajectory.
     recent = collections.deque([(0, learner.params, learner.normalizer)], maxlen=lag + 1)
-    run = LagRun(lag, correction, seed, [], [], [], [], 0.0)
+    run = LagRun(lag, correction, seed, [], [], [], [], [], 0.0)
 
     def record_evaluation(iteration: int) -> None:
         metrics = evaluate(learner.params, learner.normalizer, evaluation_key(seed, iteration))
@@ -115,8 +115,9 @@ def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled",
         learner, metrics = update(learner, prepare(unrolls, learner))
         recent.append((iteration, learner.params, learner.normalizer))
         run.behaviour_versions.append(version)
-        run.off_policy_weight.append(float(metrics["off_policy_weight"]))
-        run.clip_fraction.append(float(metrics["clip_fraction"]))
+        weight, clip_fraction = jax.device_get((metrics["off_policy_weight"], metrics["clip_fraction"]))
+        run.off_policy_weight.append(float(weight))
+        run.clip_fraction.append(float(clip_fraction))
         if iteration % config.iterations_per_eval == 0:
             record_evaluation(iteration)
     run.seconds = time.perf_counter() - start
@@ -156,8 +157,7 @@ def summary_rows(runs: Sequence[LagRun], threshold: Optional[float] = None) -> l
         rows.append({"lag": lag, "correction": "any" if lag == 0 else correction, "seeds": len(members),
                      "final_return": statistics.mean(finals), "final_return_std": _std(finals),
                      "mean_return": statistics.mean(means), "mean_return_std": _std(means),
-                     "clip_fraction": statistics.mean(float(np.mean(r.clip_fraction)) if r.clip_fraction else 0.0
-                                                      for r in members),
+                     "clip_fraction": statistics.mean(float(np.mean(r.clip_fraction)) for r in members),
                      "threshold": threshold, "seeds_reaching": len(hit) if threshold is not None else None,
                      "median_steps_to_threshold": statistics.median(hit) if hit else None})
     return rows

@@ -24,7 +24,7 @@ import numpy as np
 class LeafSpec:
     segment: str
     shape: tuple[int, ...]
-    dtype: str
+    dtype: np.dtype  # the dtype itself: a string form loses bfloat16 ('<V2', raw bytes)
 
 
 class SharedTree:
@@ -76,30 +76,19 @@ def publish(tree: Any) -> dict:
     copy twice. Returns the message `take` reads exactly once, in this process or another one spawned
     from the same parent (they share its resource tracker, which unlinks segments never taken when
     the run ends). The segments outlive the process that published them."""
-    leaves, treedef = jax.tree.flatten(jax.device_get(tree))
-    specs = []
-    for leaf in leaves:
-        leaf = np.asarray(leaf)
-        segment = shared_memory.SharedMemory(create=True, size=max(1, leaf.nbytes))
-        view = np.ndarray(leaf.shape, leaf.dtype, buffer=segment.buf)
-        view[...] = leaf
-        del view  # a segment with a live view cannot close
-        segment.close()
-        specs.append((segment.name, leaf.shape, leaf.dtype))
-    return {"kind": "published", "specs": specs, "treedef": treedef}
+    tree = jax.tree.map(np.asarray, jax.device_get(tree))
+    buffers = HostBuffers(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree))
+    buffers.write(tree)
+    buffers.release(unlink=False)  # `take` unlinks
+    return {**buffers.describe(), "kind": "published"}
 
 
 def take(message: dict) -> Any:
     """The tree `publish` wrote: copied out, its segments unlinked."""
-    leaves = []
-    for name, shape, dtype in message["specs"]:
-        segment = _attach(name)
-        view = np.ndarray(shape, dtype, buffer=segment.buf)
-        leaves.append(np.array(view))
-        del view
-        segment.close()
-        segment.unlink()
-    return jax.tree.unflatten(message["treedef"], leaves)
+    view = HostBuffersView(message)
+    tree = view.read()
+    view.release(unlink=True)
+    return tree
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
@@ -140,7 +129,7 @@ class HostBuffers:
     def __init__(self, shapes: Any):
         leaves, self._treedef = jax.tree.flatten(shapes)
         self._segments = [shared_memory.SharedMemory(create=True, size=max(1, _nbytes(x))) for x in leaves]
-        self._specs = [LeafSpec(s.name, tuple(x.shape), np.dtype(x.dtype).str) for s, x in zip(self._segments, leaves)]
+        self._specs = [LeafSpec(s.name, tuple(x.shape), np.dtype(x.dtype)) for s, x in zip(self._segments, leaves)]
         self._arrays = [np.ndarray(spec.shape, spec.dtype, buffer=s.buf) for s, spec in zip(self._segments, self._specs)]
 
     def describe(self) -> dict:
@@ -154,13 +143,18 @@ class HostBuffers:
         return jax.tree.unflatten(self._treedef, [np.array(a) for a in self._arrays])
 
     def close(self) -> None:
-        self._arrays.clear()
+        self.release(unlink=True)
+
+    def release(self, unlink: bool) -> None:
+        """Unmaps the segments; `unlink` also frees them (their owner's part)."""
+        self._arrays.clear()  # a segment with a live view cannot close
         for segment in self._segments:
             segment.close()
-            try:
-                segment.unlink()
-            except FileNotFoundError:
-                pass
+            if unlink:
+                try:
+                    segment.unlink()
+                except FileNotFoundError:
+                    pass
         self._segments.clear()
 
 
@@ -173,10 +167,7 @@ class HostBuffersView(HostBuffers):
         self._arrays = [np.ndarray(spec.shape, spec.dtype, buffer=s.buf) for s, spec in zip(self._segments, self._specs)]
 
     def close(self) -> None:
-        self._arrays.clear()
-        for segment in self._segments:
-            segment.close()
-        self._segments.clear()
+        self.release(unlink=False)
 
 
 def make_buffers(shapes: Any, kind: str = "host"):

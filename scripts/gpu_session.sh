@@ -19,7 +19,8 @@
 #           started with bg (~6-7 min): follow with `collect grow`; GROW_ARGS adds train settings (e.g.
 #           "--run.resources.grow-keeps update_size --run.max-policy-lag 7"), GROW_BENCH_ARGS bench settings
 #           (e.g. "--return-threshold 3000")
-#   lagstudy [PRESET] [LAGS] [SEEDS]: jaxrose lag-study (fixed policy lags x off-policy corrections); ant-mlp's
+#   lagstudy [PRESET] [LAGS] [SEEDS]: jaxrose lag-study (fixed policy lags x off-policy corrections; LAG_ARGS adds
+#           lag-study options, e.g. "--corrections vtrace"); ant-mlp's
 #           default (lags 0 4 8, seed 1) is ~7 runs of 50M steps: `bgstage lagstudy lagstudy; collect lagstudy 570`
 #   lagseeds [PRESET] [LAGS] [SEEDS]: the same with each seed (default 1 2) a detached process beside the others:
 #           `lagseeds; collect lag1 570; collect lag2 60`
@@ -133,13 +134,13 @@ case "${1:?stage}" in
   lagstudy) # [PRESET] [LAGS] [SEEDS]: PPO at fixed policy lags, per off-policy correction (jaxrose lag-study); ant-mlp's
         # 7 runs take longer than a call: `bgstage lagstudy lagstudy` and `collect lagstudy`. results.* after each run
         timeout "${LAG_SECONDS:-1500}" python3 -m jaxrose.cli lag-study --preset "${2:-ant-mlp}" --lags ${3:-0 4 8} \
-          --seeds ${4:-1} --out "$out/lagstudy" ${LAG_ARGS:-} 2>&1 | tee "$out/lagstudy.log" | grep "^lag " ;;
+          --seeds ${4:-1} --out "$out/lagstudy" ${LAG_ARGS:-} -- --run.compile-cache /tmp/bg/cc 2>&1 \
+          | tee "$out/lagstudy.log" | grep "^lag " ;;
   lagseeds) # [PRESET] [LAGS] [SEEDS]: `lagstudy` with each seed in its own detached process, sharing the GPU (the study
-        # measures return per env step, not time); follow with `collect lag<SEED>` for each seed
+        # measures return per env step, not time; no process preallocates it); follow with `collect lag<SEED>` per seed
         for seed in ${4:-1 2}; do
-          detach "lag$seed" env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${LAG_SECONDS:-1500}" python3 -m jaxrose.cli \
-            lag-study --preset "${2:-ant-mlp}" --lags ${3:-0 4 8} --seeds "$seed" --out "/tmp/bg/lag$seed/out/lagstudy" \
-            ${LAG_ARGS:-} -- --run.compile-cache /tmp/bg/cc
+          detach "lag$seed" env XLA_PYTHON_CLIENT_PREALLOCATE=false bash scripts/gpu_session.sh lagstudy "${2:-ant-mlp}" \
+            "${3:-0 4 8}" "$seed"
         done ;;
   async-only) timeout 400 python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps 10000000 --num-evals 4 \
          --systems async,sim --repeats 3 ${3:+--eval-sm-percentage $3} --out "$out/async_only" \

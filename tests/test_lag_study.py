@@ -52,7 +52,7 @@ def test_bad_settings_name_the_fix(tiny_config):
 
 
 def _run(lag, correction, seed, returns, clip_fraction=(0.0, 0.0)):
-    return LagRun(lag, correction, seed, [0, 100, 200], returns, [], [], 1.0, list(clip_fraction))
+    return LagRun(lag, correction, seed, [0, 100, 200], returns, [], [], list(clip_fraction), 1.0)
 
 
 def test_summary_by_hand():

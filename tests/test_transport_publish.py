@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrose.transport import _attach, publish, take
+from jaxrose.transport import HostBuffers, _attach, attach, publish, take
 
 
 def _tree():
@@ -30,9 +30,25 @@ def test_round_trip_is_exact_and_unlinks():
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a, b)
-    for name, _, _ in message["specs"]:  # taken once: the segments are gone
+    for spec in message["specs"]:  # taken once: the segments are gone
         with pytest.raises(FileNotFoundError):
-            _attach(name)
+            _attach(spec.segment)
+
+
+def test_host_buffers_keep_bfloat16():
+    """The trajectory buffers (`HostBuffers`) carry a bfloat16 leaf as bfloat16, not as raw bytes."""
+    tree = {"half": np.asarray(jnp.arange(4, dtype=jnp.bfloat16)), "f32": np.ones((2, 3), np.float32)}
+    buffers = HostBuffers(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree))
+    try:
+        buffers.write(tree)
+        view = attach(buffers.describe())
+        got = view.read()
+        view.close()
+    finally:
+        buffers.close()
+    assert got["half"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got["half"], tree["half"])
+    np.testing.assert_array_equal(got["f32"], tree["f32"])
 
 
 def test_published_by_a_process_that_has_exited():
