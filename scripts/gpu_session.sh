@@ -23,7 +23,8 @@
 #           brax beside async grown with vtrace, async started at 4 groups with vtrace, async grown with the default
 #           decoupled loss (50M: ~11 min, `growfix; collect growfix 560`, then `collect growfix`)
 #   lagstudy [PRESET] [LAGS] [SEEDS]: jaxrose lag-study (fixed policy lags x off-policy corrections; LAG_ARGS adds
-#           lag-study options, e.g. "--corrections vtrace"); ant-mlp's
+#           lag-study options, e.g. "--corrections vtrace"; LAG_TRAIN_ARGS train settings, e.g.
+#           "--ppo.num-updates-per-batch 8"); ant-mlp's
 #           default (lags 0 4 8, seed 1) is ~7 runs of 50M steps: `bgstage lagstudy lagstudy; collect lagstudy 570`
 #   lagseeds [PRESET] [LAGS] [SEEDS]: the same with each seed (default 1 2) a detached process beside the others:
 #           `lagseeds; collect lag1 570; collect lag2 60`
@@ -148,7 +149,7 @@ case "${1:?stage}" in
   lagstudy) # [PRESET] [LAGS] [SEEDS]: PPO at fixed policy lags, per off-policy correction (jaxrose lag-study); ant-mlp's
         # 7 runs take longer than a call: `bgstage lagstudy lagstudy` and `collect lagstudy`. results.* after each run
         timeout "${LAG_SECONDS:-1500}" python3 -m jaxrose.cli lag-study --preset "${2:-ant-mlp}" --lags ${3:-0 4 8} \
-          --seeds ${4:-1} --out "$out/lagstudy" ${LAG_ARGS:-} -- --run.compile-cache /tmp/bg/cc 2>&1 \
+          --seeds ${4:-1} --out "$out/lagstudy" ${LAG_ARGS:-} -- --run.compile-cache /tmp/bg/cc ${LAG_TRAIN_ARGS:-} 2>&1 \
           | tee "$out/lagstudy.log" | grep "^lag " ;;
   lagseeds) # [PRESET] [LAGS] [SEEDS]: `lagstudy` with each seed in its own detached process, sharing the GPU (the study
         # measures return per env step, not time; no process preallocates it); follow with `collect lag<SEED>` per seed
