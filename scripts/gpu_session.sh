@@ -19,9 +19,9 @@
 #           started with bg (~6-7 min): follow with `collect grow`; GROW_ARGS adds train settings (e.g.
 #           "--run.resources.grow-keeps update_size --run.max-policy-lag 7"), GROW_BENCH_ARGS bench settings
 #           (e.g. "--return-threshold 3000")
-#   growfix [STEPS] [SEED]: the time-to-threshold per off-policy correction in one detached chain on one machine:
-#           brax beside async grown with vtrace, async started at 4 groups with vtrace, async grown with the default
-#           decoupled loss (50M: ~11 min, `growfix; collect growfix 560`, then `collect growfix`)
+#   growfix [STEPS] [SEED] [STARTS]: the time-to-threshold with V-trace targets (CORRECTION) in one detached chain on
+#           one machine: brax beside async grown from 1 group, then async started at each of STARTS groups
+#           (default "2 4"; 50M: ~11 min, `growfix; collect growfix 560`, then `collect growfix`)
 #   lagstudy [PRESET] [LAGS] [SEEDS]: jaxrose lag-study (fixed policy lags x off-policy corrections; LAG_ARGS adds
 #           lag-study options, e.g. "--corrections vtrace"; LAG_TRAIN_ARGS train settings, e.g.
 #           "--ppo.num-updates-per-batch 8"); ant-mlp's
@@ -135,17 +135,20 @@ case "${1:?stage}" in
   grow) start_bg grow bench --preset ant-mlp --total-env-steps "${2:-30000000}" --num-evals 6 --systems async,brax \
          --repeats 3 --async-group-levels "${3:-1,2,4}" --out /tmp/bg/grow/results --record /tmp/bg/grow/BENCH.md \
          ${GROW_BENCH_ARGS:-} -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${GROW_ARGS:---run.max-policy-lag 7 --run.resources.interval 2} ;;
-  growfix) # [STEPS] [SEED]: #8's time-to-threshold per off-policy correction, one detached chain on one machine (~11 min
-        # at 50M: `growfix; collect growfix 560`, then `collect growfix`): brax beside the async system grown 1 -> 2 -> 4
-        # with vtrace; the async system started at 4 groups with vtrace; grown with the default decoupled loss
-        s=${2:-50000000}; seed=${3:-0}; g="--run.actors 1 --run.compile-cache /tmp/bg/cc --run.resources.grow-keeps update_size \
-          --run.max-policy-lag 7 --run.resources.interval 2 --run.seed $seed"
+  growfix) # [STEPS] [SEED] [STARTS]: #8's time-to-threshold with V-trace targets, one detached chain on one machine (~4 min
+        # per run at 50M: `growfix; collect growfix 560`, then `collect growfix`): brax beside the async system grown
+        # from 1 group, then the async system started at each of STARTS groups (default "2 4"); CORRECTION (default
+        # vtrace) the off-policy correction
+        s=${2:-50000000}; c=${CORRECTION:-vtrace}; g="--run.actors 1 --run.compile-cache /tmp/bg/cc \
+          --run.resources.grow-keeps update_size --run.max-policy-lag 7 --run.resources.interval 2 --run.seed ${3:-0} \
+          --ppo.off-policy-correction $c"
         b="python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps $s --num-evals 6 --repeats 3 \
           --async-group-levels 1,2,4 --return-threshold ${GROW_THRESHOLD:-3000}"
-        detach growfix sh -c "$b --systems async,brax --out /tmp/bg/growfix/out/vtrace-grown -- $g \
-          --ppo.off-policy-correction vtrace; $b --systems async --out /tmp/bg/growfix/out/vtrace-start4 -- $g \
-          --ppo.off-policy-correction vtrace --run.resources.start-groups 4; $b --systems async \
-          --out /tmp/bg/growfix/out/decoupled-grown -- $g" ;;
+        chain="$b --systems async,brax --out /tmp/bg/growfix/out/$c-grown -- $g"
+        for n in ${4:-2 4}; do
+          chain="$chain; $b --systems async --out /tmp/bg/growfix/out/$c-start$n -- $g --run.resources.start-groups $n"
+        done
+        detach growfix sh -c "$chain" ;;
   lagstudy) # [PRESET] [LAGS] [SEEDS]: PPO at fixed policy lags, per off-policy correction (jaxrose lag-study); ant-mlp's
         # 7 runs take longer than a call: `bgstage lagstudy lagstudy` and `collect lagstudy`. results.* after each run
         timeout "${LAG_SECONDS:-1500}" python3 -m jaxrose.cli lag-study --preset "${2:-ant-mlp}" --lags ${3:-0 4 8} \
