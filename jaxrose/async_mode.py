@@ -268,10 +268,13 @@ class AsyncTrainer:
         self._learner_delay = learner_delay
         resources = config.run.resources
         managed = resources.group_levels if resources.manager == "on" else ()
-        self._precompiler = Precompiler("learner") if len(managed) > 1 else None
         # With grow_keeps='update_size', the groups one update learns (an actor's starting batch).
         self._update_groups = (config.env.num_groups // num_actors
                                if managed and resources.grow_keeps == "update_size" else None)
+        # The learner compiles other batch sizes ahead only where it learns them: with 'update_size' every
+        # update is on the starting batch whatever an actor steps, so a resize needs the actor's programs alone.
+        self._precompiler = (Precompiler("learner") if len(managed) > 1 and self._update_groups is None else None)
+        self._actors_precompile = len(managed) > 1
         self._precompiling = False
         self.precompiled: dict[str, list] = {}  # process -> (label, seconds) of each program compiled ahead
         self._delays = actor_delays or {}
@@ -457,15 +460,17 @@ class AsyncTrainer:
     def compiled_levels(self) -> tuple[tuple[int, ...], ...]:
         """Per actor, the batch sizes it may be resized to without a compile stall: its own size, and
         every managed level whose rollout and resize from its size the actor, and whose update the
-        learner, compiled ahead. Empty where batch sizes are not compiled ahead."""
-        if self._precompiler is None:
+        learner, compiled ahead (with grow_keeps='update_size' every update is on the starting batch,
+        so the actor's programs alone). Empty where batch sizes are not compiled ahead."""
+        if not self._actors_precompile:
             return ()
-        learner = {label for label, _ in self._precompiler.compiled}
+        learner = None if self._precompiler is None else {label for label, _ in self._precompiler.compiled}
         ready = []
         for i, groups in enumerate(self.groups):
             actor = {label for label, _ in self.precompiled.get(f"actor{i}", ())}
             ready.append(tuple(g for g in self.config.run.resources.group_levels if g == groups or (
-                {rollout_label(g), resize_label(groups, g)} <= actor and set(_learner_labels(g)) <= learner)))
+                {rollout_label(g), resize_label(groups, g)} <= actor
+                and (learner is None or set(_learner_labels(g)) <= learner))))
         return tuple(ready)
 
     def _precompile_levels(self, unrolls: dict, learner, batch) -> None:

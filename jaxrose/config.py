@@ -208,6 +208,15 @@ class ResourceConfig:
     ppo.num_minibatches, larger minibatches (4x fewer SGD steps per env step). Measured on the H200
     (BENCHMARKS.md, 2026-12-03): 'update_size' learns as much per env step as brax's PPO; a grown
     batch under 'minibatch_size' learned about a third as much."""
+    lag_target: Optional[float] = None
+    """The mean policy lag (in updates) batch growth may reach. With grow_keeps='update_size' a
+    trajectory of g groups is learned as g / u updates (u: the starting groups per update), so a
+    bigger batch is older data: one actor one rollout ahead sees lags g/u to 2g/u - 1, a mean of
+    1.5 g/u - 0.5 (measured on ant: 1, 2.5 and 5.5 at 1, 2 and 4 groups; BENCHMARKS.md, session 32).
+    Set, the manager grows a batch only where the lag so predicted from the measured one stays within
+    it, and a measured mean lag above it shrinks the largest batch. None: growth is judged on the
+    learner's wait alone (a lag of 6 cost ant 38% of its final return with the decoupled loss and
+    19% with V-trace targets in `jaxrose lag-study`, session 31)."""
 
     def __post_init__(self):
         _require(self.interval > 0, f"run.resources.interval must be > 0 seconds, got {self.interval}.")
@@ -227,6 +236,8 @@ class ResourceConfig:
         _require(all(g >= 1 for g in groups) and list(groups) == sorted(set(groups)),
                  f"run.resources.group_levels must be increasing env group counts >= 1, got {groups}.")
         _require(self.grow_gain >= 1, f"run.resources.grow_gain must be >= 1, got {self.grow_gain}.")
+        _require(self.lag_target is None or self.lag_target >= 0,
+                 f"run.resources.lag_target must be >= 0 updates (or None: lag not priced), got {self.lag_target}.")
         _require(self.start_groups >= 0, f"run.resources.start_groups must be >= 0 (0: env.num_groups / run.actors), "
                                          f"got {self.start_groups}.")
 

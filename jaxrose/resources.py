@@ -21,17 +21,20 @@ learner learns a grown trajectory as consecutive updates of the starting batch, 
 proximal policy, so PPO's progress per env step is kept; the later pieces are older data, and a
 piece that would pass the lag bound is dropped (the config asks for a bound that makes that rare).
 Every level's programs compile ahead (`jaxrose.precompile`), and an actor moves only to a level
-compiled in it and in the learner, so a change costs no compile stall.
+compiled in it (and, unless every update is on the starting batch, in the learner), so a change
+costs no compile stall.
 The batch is the first lever when the signal concerns all actors alike: starving with no straggler
 (the actors together produce too little) grows the smallest batch, the most efficient per group
 first, one level, where the device may have room for more envs at the same quota; a backlog
 shrinks the largest batch (less to learn per update, fresher data). A growth is on probation: if
 the actor's throughput (groups per second of rollout) did not rise `grow_gain` times, the device
 had no room, so it is undone and that size becomes the actor's ceiling. Stragglers, and batches at
-their limits, are left to the quotas and cores. The policy lag is not a batch signal: measured in
-updates it is set by the actor count and the bound (equal actors sit at min(bound, actors - 1)
-whatever their batches), and a binding bound shows as the learner waiting, i.e. starving. The
-trainer sends a new size with the actor's next parameters; new groups' envs are reset from a key
+their limits, are left to the quotas and cores. With `grow_keeps='update_size'` a grown batch is
+older data (a g-group trajectory is g / u updates): `run.resources.lag_target` prices it, growing a
+batch only where the lag predicted from the measured one stays within the target and shrinking the
+largest batch while the measured mean lag is above it (a `stale` signal, ahead of the others, since
+the learner's wait cannot tell what staleness costs in return). Without a target the lag is not a
+signal, and a binding bound shows as the learner waiting, i.e. starving. The trainer sends a new size with the actor's next parameters; new groups' envs are reset from a key
 folded from the actor and the update (`AsyncTrainer.resize_actor`); the log gets the decision and
 a `resize` record when it is sent.
 
@@ -151,23 +154,43 @@ def _judge_growth(m: Measurements, allocation: Allocation, state: PolicyState, c
             [_decision(f"actor{actor}", "groups", size, before, reason, "no_gain", m)])
 
 
+def predicted_lag(lag_mean: float, groups: int, size: int, config: ResourceConfig) -> float:
+    """The mean policy lag expected once a batch of `groups` groups, measured at `lag_mean`, steps
+    `size`. With grow_keeps='update_size' a g-group trajectory is learned as g / u updates and, one
+    actor one rollout ahead, its pieces lag g/u to 2g/u - 1 updates: lag + 1/2 grows with g. The
+    other modes learn a trajectory as one update whatever its size: the lag stays."""
+    if config.grow_keeps != "update_size":
+        return lag_mean
+    return (lag_mean + 0.5) * size / groups - 0.5
+
+
+def _stale(m: Measurements, allocation: Allocation, config: ResourceConfig) -> bool:
+    """The measured mean lag is above `lag_target` and a batch could shrink to lower it."""
+    return (config.lag_target is not None and m.lag_mean > config.lag_target and bool(allocation.groups)
+            and any(_level_below(config.group_levels, g) is not None for g in allocation.groups))
+
+
 def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, config: ResourceConfig,
-                  starving: bool, straggler: bool, seconds: list[float]) -> Optional[tuple[int, int, str]]:
+                  starving: bool, straggler: bool, seconds: list[float], stale: bool = False
+                  ) -> Optional[tuple[int, int, str]]:
     """(actor, new groups, reason) when a batch size is the lever to pull, else None. Starving with
     no straggler: the actors together are too slow, so the smallest measured batch that may grow
-    (below the top level and the actor's ceiling) grows one level; the quotas are for stragglers.
-    Backlog: the largest batch above the lowest level shrinks one level."""
+    (below the top level, the actor's ceiling and, with `lag_target`, the predicted lag) grows one
+    level; the quotas are for stragglers. Backlog or stale data: the largest batch above the lowest
+    level shrinks one level."""
     levels, groups = config.group_levels, allocation.groups
     if not (levels and groups):
         return None
     per_group = [s / g for s, g in zip(seconds, groups)]
     ready = lambda i, size: not m.compiled_levels or size in m.compiled_levels[i]  # noqa: E731
-    if starving and not straggler:
+    fresh = lambda i, size: (config.lag_target is None  # noqa: E731
+                             or predicted_lag(m.lag_mean, groups[i], size, config) <= config.lag_target)
+    if starving and not straggler and not stale:
         caps = dict(state.ceilings)
         above = [_level_above(levels, g) for g in groups]
         growable = [i for i in range(len(groups))  # measured: the verdict needs its throughput before
                     if math.isfinite(seconds[i]) and above[i] is not None and above[i] <= caps.get(i, levels[-1])
-                    and ready(i, above[i])]
+                    and ready(i, above[i]) and fresh(i, above[i])]
         if not growable:
             return None
         actor = min(growable, key=lambda i: (groups[i], per_group[i]))
@@ -176,7 +199,7 @@ def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, c
         return actor, size, (f"learner waited {m.learner_wait_fraction:.0%} of the interval and no actor lags the "
                              f"others (rollouts {min(finished):.3g}-{max(finished):.3g} s): actor{actor}'s batch grows "
                              f"from {groups[actor]} to {size} groups, kept if its throughput rises")
-    if starving:
+    if starving and not stale:
         return None
     shrinkable = [i for i, g in enumerate(groups) if _level_below(levels, g) is not None
                   and ready(i, _level_below(levels, g))]
@@ -184,6 +207,10 @@ def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, c
         return None
     actor = max(shrinkable, key=lambda i: (groups[i], per_group[i]))
     size = _level_below(levels, groups[actor])
+    if stale:
+        return actor, size, (f"the mean policy lag, {m.lag_mean:.3g} updates, is above run.resources.lag_target="
+                             f"{config.lag_target:g}: actor{actor}'s batch shrinks from {groups[actor]} to {size} "
+                             f"groups (fresher data)")
     return actor, size, (f"{m.queue_depth:.2g} trajectories waited on average for the learner: actor{actor}'s batch "
                          f"shrinks from {groups[actor]} to {size} groups (less to learn per update, fresher data)")
 
@@ -197,7 +224,8 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
     # Dead band: a queue counts only while the learner barely waits, so the two signals never both hold.
     backlog = (not starving and m.learner_wait_fraction < config.starve_fraction / 2
                and m.queue_depth >= config.queue_fraction * len(m.rollout_seconds))
-    signal = "starving" if starving else "backlog" if backlog else None
+    stale = _stale(m, allocation, config)
+    signal = "stale" if stale else "starving" if starving else "backlog" if backlog else None
     if state.cooldown > 0:  # a change's effect is still settling: its measurements count for nothing
         return allocation, dataclasses.replace(state, streaks=(), cooldown=state.cooldown - 1), []
     if state.trial is not None:
@@ -213,7 +241,9 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
     fastest = min(range(len(seconds)), key=lambda i: seconds[i])
     others = [s for i, s in enumerate(seconds) if i != slowest] or seconds
     straggler = seconds[slowest] >= config.slow_ratio * statistics.median(others)
-    batch = _batch_change(m, allocation, state, config, starving, straggler, seconds)
+    batch = _batch_change(m, allocation, state, config, starving, straggler, seconds, stale)
+    if stale and batch is None:  # the batch that would lower the lag is not compiled yet: wait for it
+        return allocation, dataclasses.replace(state, streaks=tuple(streaks.items()), cooldown=0), []
     if batch is not None:  # one lever at a time, so that its effect can be measured
         actor, size, reason = batch
         before = allocation.groups[actor]

@@ -451,3 +451,101 @@ def test_a_warm_restart_holds_the_learner_for_the_switch_alone(tiny_config):
             assert restart["standby_seconds"] is None
     assert held[True] < 0.5 * held[False], held
     assert not multiprocessing.active_children()
+
+
+# run.resources.lag_target: with grow_keeps='update_size' a bigger batch is older data.
+STALE = dataclasses.replace(BATCH, lag_target=3.0)
+
+
+def test_predicted_lag_is_the_mean_of_the_pieces_lags_for_one_actor():
+    """One actor one rollout ahead: a g-group trajectory learned as g/u updates (u groups each) was
+    collected while the learner took the previous trajectory's g/u updates, so its pieces lag g/u ...
+    2g/u - 1. The prediction from one size's mean to another's matches that mean, counted by hand."""
+    from jaxrose.resources import predicted_lag
+
+    def mean_lag(groups, per_update):
+        pieces = groups // per_update
+        lags = [pieces + k for k in range(pieces)]
+        return sum(lags) / len(lags)
+
+    for u, sizes in ((1, (1, 2, 4, 8)), (2, (2, 4, 8))):
+        for g in sizes:
+            for size in sizes:
+                assert predicted_lag(mean_lag(g, u), g, size, STALE) == pytest.approx(mean_lag(size, u))
+    assert mean_lag(1, 1) == 1 and mean_lag(2, 1) == 2.5 and mean_lag(4, 1) == 5.5  # ant's, session 32
+    # A trajectory learned as one update whatever its size: growth leaves the lag where it is.
+    assert predicted_lag(0.7, 1, 4, dataclasses.replace(STALE, grow_keeps="minibatch_size")) == 0.7
+
+
+def test_a_growth_whose_predicted_lag_passes_the_target_is_not_made():
+    """One actor at 2 groups, mean lag 2.5, the learner starving: 4 groups would lag 5.5. Without a
+    target (or with 6) the batch grows; with 3 it does not, and the quota is the lever instead."""
+    allocation = Allocation((50,), ((2,),), (0,), groups=(2,))
+    starving = dataclasses.replace(_m([0.2], wait=0.6, depth=0.0), lag_mean=2.5, lag_max=3)
+    for config, grows in ((BATCH, True), (dataclasses.replace(BATCH, lag_target=6.0), True), (STALE, False)):
+        new, history = _run([starving] * 2, allocation, config)
+        assert history[0] == []
+        if grows:
+            assert _groups(history[1]) == [("actor0", 2, 4)] and new.sm_quotas == (50,)
+        else:
+            assert _groups(history[1]) == [] and new.groups == (2,)
+            assert [(d["kind"], d["before"], d["after"]) for d in history[1]] == [("sm_quota", 50, 75)]
+
+
+def test_a_lag_above_the_target_shrinks_the_largest_batch_and_it_does_not_grow_back():
+    """Started at 4 groups, mean lag 5.5 > 3 with the learner starving: the stale signal comes first
+    and shrinks the batch to 2 (after the patience); at 2 groups the lag, 2.5, meets the target and
+    the starving learner gets SMs instead of the batch growing back. At the lowest level a lag above
+    the target is no batch signal: the actor count sets it."""
+    allocation = Allocation((50,), ((2,),), (0,), groups=(4,))
+    at_four = dataclasses.replace(_m([0.4], wait=0.6, depth=0.0), lag_mean=5.5, lag_max=7)
+    at_two = dataclasses.replace(_m([0.25], wait=0.6, depth=0.0), lag_mean=2.5, lag_max=3)
+    state, history = PolicyState(), []
+    for m in [at_four] * 2 + [at_two] * 4:  # patience, shrink, cooldown x2, patience, quota
+        allocation, state, decisions = decide(m, allocation, state, STALE)
+        history.append(decisions)
+    assert history[0] == [] and _groups(history[1]) == [("actor0", 4, 2)] and len(history[1]) == 1
+    assert history[1][0]["signal"] == "stale" and "run.resources.lag_target=3" in history[1][0]["reason"]
+    assert history[1][0]["measurements"]["lag_mean"] == 5.5
+    assert history[2] == history[3] == history[4] == []
+    assert [(d["kind"], d["after"]) for d in history[5]] == [("sm_quota", 75)]
+    assert allocation.groups == (2,)
+    lowest = dataclasses.replace(_m([0.2], wait=0.6, depth=0.0), lag_mean=1.0, lag_max=1)
+    new, history = _run([lowest] * 2, Allocation((50,), ((2,),), (0,), groups=(1,)),
+                        dataclasses.replace(BATCH, lag_target=0.5))
+    assert history[1] and history[1][0]["signal"] == "starving" and new.groups == (1,)
+    with pytest.raises(ConfigError, match=r"run.resources.lag_target must be >= 0 updates"):
+        ResourceConfig(lag_target=-1.0)
+
+
+def test_lag_target_shrinks_a_stale_actor_in_a_real_run(tiny_config):
+    """A real run: one actor started at 4 groups (2 per update, so its trajectories lag 2 and 3) with
+    a target of 1.5: the manager shrinks it to 2 groups on the measured lag, the actor's trajectories
+    follow, it never grows back, and the updates after the change lag at most 1."""
+    from jaxrose.async_mode import AsyncTrainer
+    from jaxrose.resources import ResourceManager, quota_env
+
+    resources = ResourceConfig(manager="on", interval=1.0, sm_levels=(50,), patience=1, cooldown=1,
+                               group_levels=(2, 4), grow_keeps="update_size", start_groups=4, lag_target=1.5)
+    config = replace(tiny_config, **{"run.mode": "async", "run.actors": 1, "run.resources": resources})
+    manager = ResourceManager(resources, 1, quota_env(use_mps=True, compile_cache=None), None)
+    trainer = AsyncTrainer(config, num_actors=1, max_lag=3, actor_delays={0: 0.2})
+    lags = []
+    try:
+        result = trainer.run(updates=40, manager=manager, on_update=lambda u, s, learner, info: lags.append(info["lags"]))
+    finally:
+        trainer.close()
+        manager.close()
+    changes = [d for d in result.resource_decisions if d["kind"] == "groups"]
+    assert changes and (changes[0]["before"], changes[0]["after"]) == (4, 2), result.resource_decisions
+    assert changes[0]["signal"] == "stale" and changes[0]["measurements"]["lag_mean"] > 1.5
+    assert all(d["after"] < d["before"] for d in changes)  # never grown back
+    sizes = [g for _, g in result.trajectory_groups]
+    first_small = sizes.index(2)
+    assert set(sizes[:first_small]) == {4} and set(sizes[first_small:]) == {2}, sizes
+    assert result.learner_batch_segments == [2 * 32]  # every update on the starting 2 groups (16 envs x 2 unrolls each)
+    assert max(max(step) for step in lags[-10:]) <= 1, lags
+    # Every update is on the starting 2 groups, so the learner compiles no other size ahead, and the
+    # shrink waited for the actor's programs alone (it waited for learner programs never used before).
+    assert "learner" not in result.precompiled and result.precompiled["actor0"], result.precompiled
+    assert not multiprocessing.active_children()
