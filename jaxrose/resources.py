@@ -34,9 +34,10 @@ older data (a g-group trajectory is g / u updates): `run.resources.lag_target` p
 batch only where the lag predicted from the measured one stays within the target and shrinking the
 largest batch while the measured mean lag is above it (a `stale` signal, ahead of the others, since
 the learner's wait cannot tell what staleness costs in return). Without a target the lag is not a
-signal, and a binding bound shows as the learner waiting, i.e. starving. The trainer sends a new size with the actor's next parameters; new groups' envs are reset from a key
-folded from the actor and the update (`AsyncTrainer.resize_actor`); the log gets the decision and
-a `resize` record when it is sent.
+signal, and a binding bound shows as the learner waiting, i.e. starving. The trainer sends a new
+size with the actor's next parameters; new groups' envs are reset from a key folded from the actor
+and the update (`AsyncTrainer.resize_actor`); the log gets the decision and a `resize` record when
+it is sent.
 
 Rollout times come from the actors' own clocks (the learner's delays in reading a trajectory are
 not the actor's speed); an actor's first rollout after a start, restart or resize compiles and is
