@@ -238,6 +238,10 @@ class ResourceConfig:
         _require(self.grow_gain >= 1, f"run.resources.grow_gain must be >= 1, got {self.grow_gain}.")
         _require(self.lag_target is None or self.lag_target >= 0,
                  f"run.resources.lag_target must be >= 0 updates (or None: lag not priced), got {self.lag_target}.")
+        _require(self.lag_target is None or self.grow_keeps == "update_size",
+                 f"run.resources.lag_target prices the staleness of a batch learned as several updates, which "
+                 f"only grow_keeps='update_size' does (with {self.grow_keeps!r} the lag does not depend on the "
+                 f"batch): set run.resources.grow_keeps update_size or drop run.resources.lag_target.")
         _require(self.start_groups >= 0, f"run.resources.start_groups must be >= 0 (0: env.num_groups / run.actors), "
                                          f"got {self.start_groups}.")
 

@@ -155,13 +155,11 @@ def _judge_growth(m: Measurements, allocation: Allocation, state: PolicyState, c
             [_decision(f"actor{actor}", "groups", size, before, reason, "no_gain", m)])
 
 
-def predicted_lag(lag_mean: float, groups: int, size: int, config: ResourceConfig) -> float:
+def predicted_lag(lag_mean: float, groups: int, size: int) -> float:
     """The mean policy lag expected once a batch of `groups` groups, measured at `lag_mean`, steps
-    `size`. With grow_keeps='update_size' a g-group trajectory is learned as g / u updates and, one
-    actor one rollout ahead, its pieces lag g/u to 2g/u - 1 updates: lag + 1/2 grows with g. The
-    other modes learn a trajectory as one update whatever its size: the lag stays."""
-    if config.grow_keeps != "update_size":
-        return lag_mean
+    `size`. With grow_keeps='update_size' (the only mode `lag_target` accepts) a g-group trajectory
+    is learned as g / u updates and, one actor one rollout ahead, its pieces lag g/u to 2g/u - 1
+    updates: lag + 1/2 grows with g."""
     return (lag_mean + 0.5) * size / groups - 0.5
 
 
@@ -172,7 +170,7 @@ def _stale(m: Measurements, allocation: Allocation, config: ResourceConfig) -> b
 
 
 def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, config: ResourceConfig,
-                  starving: bool, straggler: bool, seconds: list[float], stale: bool = False
+                  starving: bool, straggler: bool, seconds: list[float], stale: bool
                   ) -> Optional[tuple[int, int, str]]:
     """(actor, new groups, reason) when a batch size is the lever to pull, else None. Starving with
     no straggler: the actors together are too slow, so the smallest measured batch that may grow
@@ -185,7 +183,7 @@ def _batch_change(m: Measurements, allocation: Allocation, state: PolicyState, c
     per_group = [s / g for s, g in zip(seconds, groups)]
     ready = lambda i, size: not m.compiled_levels or size in m.compiled_levels[i]  # noqa: E731
     fresh = lambda i, size: (config.lag_target is None  # noqa: E731
-                             or predicted_lag(m.lag_mean, groups[i], size, config) <= config.lag_target)
+                             or predicted_lag(m.lag_mean, groups[i], size) <= config.lag_target)
     if starving and not straggler and not stale:
         caps = dict(state.ceilings)
         above = [_level_above(levels, g) for g in groups]

@@ -471,10 +471,13 @@ def test_predicted_lag_is_the_mean_of_the_pieces_lags_for_one_actor():
     for u, sizes in ((1, (1, 2, 4, 8)), (2, (2, 4, 8))):
         for g in sizes:
             for size in sizes:
-                assert predicted_lag(mean_lag(g, u), g, size, STALE) == pytest.approx(mean_lag(size, u))
+                assert predicted_lag(mean_lag(g, u), g, size) == pytest.approx(mean_lag(size, u))
     assert mean_lag(1, 1) == 1 and mean_lag(2, 1) == 2.5 and mean_lag(4, 1) == 5.5  # ant's, session 32
-    # A trajectory learned as one update whatever its size: growth leaves the lag where it is.
-    assert predicted_lag(0.7, 1, 4, dataclasses.replace(STALE, grow_keeps="minibatch_size")) == 0.7
+    # A trajectory learned as one update whatever its size: the lag does not follow the batch, so a
+    # target there would shrink batches for nothing; it is refused, naming the fix.
+    with pytest.raises(ConfigError, match=r"lag_target .* only grow_keeps='update_size' does .* set "
+                                          r"run.resources.grow_keeps update_size or drop run.resources.lag_target"):
+        dataclasses.replace(STALE, grow_keeps="minibatch_size")
 
 
 def test_a_growth_whose_predicted_lag_passes_the_target_is_not_made():
