@@ -20,8 +20,9 @@
 #           "--run.resources.grow-keeps update_size --run.max-policy-lag 7"), GROW_BENCH_ARGS bench settings
 #           (e.g. "--return-threshold 3000")
 #   growfix [STEPS] [SEED] [STARTS]: the time-to-threshold with V-trace targets (CORRECTION) in one detached chain on
-#           one machine: brax beside async grown from 1 group, then async started at each of STARTS groups
-#           (default "2 4"; 50M: ~11 min, `growfix; collect growfix 560`, then `collect growfix`)
+#           one machine: async started at each of STARTS env groups (default "1 2 4"; 1 is grown from one group), brax
+#           beside the first; GROWFIX_ARGS adds train settings (e.g. "--run.resources.lag-target 3")
+#           (50M: ~4 min a run, `growfix; collect growfix 560`, then `collect growfix`)
 #   lagstudy [PRESET] [LAGS] [SEEDS]: jaxrose lag-study (fixed policy lags x off-policy corrections; LAG_ARGS adds
 #           lag-study options, e.g. "--corrections vtrace"; LAG_TRAIN_ARGS train settings, e.g.
 #           "--ppo.num-updates-per-batch 8"); ant-mlp's
@@ -136,17 +137,18 @@ case "${1:?stage}" in
          --repeats 3 --async-group-levels "${3:-1,2,4}" --out /tmp/bg/grow/results --record /tmp/bg/grow/BENCH.md \
          ${GROW_BENCH_ARGS:-} -- --run.actors 1 --run.compile-cache /tmp/bg/cc ${GROW_ARGS:---run.max-policy-lag 7 --run.resources.interval 2} ;;
   growfix) # [STEPS] [SEED] [STARTS]: #8's time-to-threshold with V-trace targets, one detached chain on one machine (~4 min
-        # per run at 50M: `growfix; collect growfix 560`, then `collect growfix`): brax beside the async system grown
-        # from 1 group, then the async system started at each of STARTS groups (default "2 4"); CORRECTION (default
-        # vtrace) the off-policy correction
+        # per run at 50M: `growfix; collect growfix 560`, then `collect growfix`): the async system started at each of
+        # STARTS env groups (default "1 2 4"), brax beside the first; CORRECTION (default vtrace) the off-policy
+        # correction, GROWFIX_ARGS more train settings
         s=${2:-50000000}; c=${CORRECTION:-vtrace}; g="--run.actors 1 --run.compile-cache /tmp/bg/cc \
           --run.resources.grow-keeps update_size --run.max-policy-lag 7 --run.resources.interval 2 --run.seed ${3:-0} \
-          --ppo.off-policy-correction $c"
+          --ppo.off-policy-correction $c ${GROWFIX_ARGS:-}"
         b="python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps $s --num-evals 6 --repeats 3 \
           --async-group-levels 1,2,4 --return-threshold ${GROW_THRESHOLD:-3000}"
-        chain="$b --systems async,brax --out /tmp/bg/growfix/out/$c-grown -- $g"
-        for n in ${4:-2 4}; do
-          chain="$chain; $b --systems async --out /tmp/bg/growfix/out/$c-start$n -- $g --run.resources.start-groups $n"
+        chain=""; systems=async,brax
+        for n in ${4:-1 2 4}; do
+          chain="$chain${chain:+; }$b --systems $systems --out /tmp/bg/growfix/out/$c-start$n -- $g --run.resources.start-groups $n"
+          systems=async
         done
         detach growfix sh -c "$chain" ;;
   lagstudy) # [PRESET] [LAGS] [SEEDS]: PPO at fixed policy lags, per off-policy correction (jaxrose lag-study); ant-mlp's
