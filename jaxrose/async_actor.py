@@ -6,6 +6,7 @@ bound are `jaxrose.async_mode`'s."""
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -72,16 +73,14 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
 
     def precompile_levels(params, normalizer, env_state, key):
         """Every other batch size's rollout, and the resizes between neighbouring levels, compiled
-        in the background while this size runs (`jaxrose.precompile`)."""
-        current = groups_of(env_state)
+        in the background while this size runs (`jaxrose.precompile`), the moves open from this size first."""
         update = jax.ShapeDtypeStruct((), np.int32)
         weights = jax.tree.map(abstract, (params, normalizer))
-        # Growth first (the manager's first move when the learner starves), nearest level first.
-        for size in sorted(levels, key=lambda g: (g < current, abs(g - current))):
-            if size != current:
+        for have, size in precompile_order(levels, groups_of(env_state)):
+            if have is None:
                 args = (*weights, resized_axis(env_state, 0, lambda _, size=size: size), abstract(key))
                 precompiler.submit(rollout_label(size), lambda args=args: collect.lower(*args).compile())
-            for have in (g for g in levels if g != size and abs(levels.index(g) - levels.index(size)) == 1):
+            else:
                 state = resized_axis(env_state, 0, lambda _, have=have: have)
                 precompiler.submit(resize_label(have, size), lambda have=have, size=size, state=state:
                                    resizer(have, size).lower(state, update).compile())
@@ -171,6 +170,31 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
         for slots in buffers.values():
             for slot in slots:
                 slot.close()
+
+
+def precompile_order(levels: tuple[int, ...], current: int) -> list[tuple[Optional[int], int]]:
+    """The programs an actor at `current` groups compiles ahead, in order: (None, n) the rollout of n
+    groups, (h, n) the resize from h to n. A move to a neighbouring level needs both its rollout and
+    the resize from `current`, so those come first (growth first: the manager's move when the learner
+    starves; a lag target's shrink next); then every other level's rollout and the resizes between
+    the other neighbouring levels, nearest first. Each compile takes seconds to tens of seconds on the
+    GPU, so an order that led with resizes into `current` left a run started at the top level
+    unable to shrink for its whole length (BENCHMARKS.md, session 33)."""
+    if current not in levels:
+        levels = tuple(sorted({*levels, current}))
+    position = levels.index(current)
+    neighbours = [levels[j] for j in (position + 1, position - 1) if 0 <= j < len(levels)]
+    order: list[tuple[Optional[int], int]] = []
+    for size in neighbours:
+        order += [(None, size), (current, size)]
+    for size in sorted(levels, key=lambda g: (abs(g - current), g < current)):
+        if size != current and (None, size) not in order:
+            order.append((None, size))
+        i = levels.index(size)
+        for have in (levels[j] for j in (i - 1, i + 1) if 0 <= j < len(levels)):
+            if (have, size) not in order:
+                order.append((have, size))
+    return order
 
 
 def rollout_label(size: int) -> str:

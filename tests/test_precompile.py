@@ -145,3 +145,23 @@ def test_an_actor_resized_to_the_next_level_compiles_nothing_on_its_thread(tiny_
         learner_end.send(("stop",))
         actor.join(60)
     assert not actor.is_alive()
+
+
+@pytest.mark.parametrize("levels", [(1, 2, 4), (1, 2, 4, 8), (2, 4)])
+def test_an_actor_compiles_the_moves_open_from_its_size_first(levels):
+    """The first programs compiled are a neighbouring level's rollout and the resize from the running
+    size to it (a run started at the top level could otherwise not shrink until resizes into its own
+    size were compiled, session 33); in all, every other level's rollout and every resize between
+    neighbouring levels, each once."""
+    from jaxrose.async_actor import precompile_order
+
+    for current in levels:
+        order = precompile_order(levels, current)
+        i = levels.index(current)
+        first = levels[i + 1] if i + 1 < len(levels) else levels[i - 1]  # growth when there is room
+        assert order[:2] == [(None, first), (current, first)]
+        wanted = {(None, g) for g in levels if g != current}
+        wanted |= {(levels[a], levels[b]) for a in range(len(levels)) for b in range(len(levels)) if abs(a - b) == 1}
+        assert sorted(order, key=str) == sorted(wanted, key=str)
+        neighbours = [levels[j] for j in (i + 1, i - 1) if 0 <= j < len(levels)]  # both moves before the rest
+        assert set(order[:2 * len(neighbours)]) == {(h, n) for n in neighbours for h in (None, current)}
