@@ -177,9 +177,9 @@ def test_async_nan_with_run_ahead_skips_each_broken_trajectory_once_and_saves_on
     # its 3rd trajectory; the reset restarts the counter, so every 3rd trajectory after breaks again. How
     # many each actor rolls out depends on timing (run-ahead), so count what the learner took from each.
     expected = {i: taken // 3 for i, taken in run.rollouts_per_actor.items()}
-    assert min(expected.values()) >= 1 and sum(expected.values()) >= 2
+    assert sorted(expected) == [0, 1] and min(expected.values()) >= 1  # both actors broke at least once
     assert run.run_ahead == 1 and len(warned) == sum(expected.values()) and all("1 in a row" in w for w in warned)
-    assert collections.Counter(s["actor"] for s in run.skipped) == {i: n for i, n in expected.items() if n}
+    assert collections.Counter(s["actor"] for s in run.skipped) == expected
     # Dropped trajectories count against the budget; the last update may take several trajectories.
     steps_per_trajectory = config.env_steps_per_iteration // config.env.num_groups
     kept = sum(g for _, g in run.trajectory_groups) * steps_per_trajectory
