@@ -595,22 +595,18 @@ def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
     training began, so each has a time. A stated threshold some system did not reach leaves it no
     time; the times to that highest common return are then added too (`common_threshold_times`,
     the return under `common_return`), so the systems can still be compared."""
-    def trained(summary):  # (env steps, return) of the evaluations after the first update
-        return [(steps, r) for steps, r in zip(summary.get("eval_env_steps", ()), summary.get("eval_returns", ()))
-                if steps > 0 and is_finite_number(r)]
-
     def times(summary, threshold):  # env steps, seconds at steady rate, seconds measured; None where not reached
-        reached = [steps for steps, r in trained(summary) if r >= threshold]
+        reached = [steps for steps, r in trained_evaluations(summary) if r >= threshold]
         if not reached:
             return None, None, None
         rate = summary.get("steady_sps_with_evals")
         return (reached[0], reached[0] / rate if is_finite_number(rate) and rate > 0 else None,
                 _wall_seconds_to(summary, reached[0]))
 
-    curves = {name: s for name, s in systems.items() if s.get("status") == "ok" and trained(s)}
+    curves = {name: s for name, s in systems.items() if s.get("status") == "ok" and trained_evaluations(s)}
     if not curves:
         return {}
-    common = min(max(r for _, r in trained(s)) for s in curves.values())
+    common = highest_common_return(curves.values())
     stated = threshold is not None
     threshold = threshold if stated else common
     for summary in curves.values():
@@ -623,6 +619,19 @@ def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
         for summary in curves.values():
             summary["common_threshold_times"] = dict(zip(("steps", "seconds", "wall_seconds"), times(summary, common)))
     return used
+
+
+def trained_evaluations(summary: dict) -> list[tuple[int, float]]:
+    """(env steps, return) of the evaluations after the first update: the one before training,
+    however high, reached nothing."""
+    return [(steps, r) for steps, r in zip(summary.get("eval_env_steps", ()), summary.get("eval_returns", ()))
+            if steps > 0 and is_finite_number(r)]
+
+
+def highest_common_return(summaries) -> float:
+    """The highest return every one of `summaries` (each with trained evaluations) reached after
+    training began: the default threshold, so that each has a time to it."""
+    return min(max(r for _, r in trained_evaluations(s)) for s in summaries)
 
 
 def _wall_seconds_to(summary: dict, steps: int) -> Optional[float]:

@@ -10,6 +10,7 @@ commands:
   train [--preset NAME] [--env.num-envs N ...]   train with PPO (default preset: pendulum)
   presets                                        list the named workloads
   bench [options]                                benchmark against brax PPO (see jaxrose bench --help)
+  compare RESULTS_JSON ... [--threshold R]       several bench runs (seeds, settings) side by side
   plan [--preset NAME]                           measure an iteration, rank legal transformations, save a plan
   tune [--preset NAME] [--no-overlap ...]        keep only the transformations that measure faster
   ablate [--presets ...] [--arms ...] [--seeds]  tune and measure each optimization on and off, per seed
@@ -113,7 +114,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
 # Each command's entry point, imported only when that command runs (they pull in heavy packages).
 COMMANDS = {"train": "jaxrose.cli:train_main", "presets": "jaxrose.cli:presets_main", "tune": "jaxrose.tune:main",
             "ablate": "jaxrose.ablate:main", "lag-study": "jaxrose.lag_study:main",
-            "plan": "jaxrose.plan_cli:main", "doctor": "jaxrose.doctor:main", "bench": "jaxrose.bench:main"}
+            "plan": "jaxrose.plan_cli:main", "doctor": "jaxrose.doctor:main", "bench": "jaxrose.bench:main",
+            "compare": "jaxrose.compare:main"}
 
 
 def _dispatch(command: str, args: list[str]) -> None:
