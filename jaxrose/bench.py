@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -102,6 +103,10 @@ class BenchConfig:
     return_threshold: Optional[float] = _setting(
         None, "evaluation return for the time-to-threshold comparison (default: the highest return every "
               "system reached)", float)
+    budget_scales: tuple[str, ...] = _setting(
+        (), "SYSTEM=FACTOR comma list: those systems train FACTOR x the env-step budget, evaluating at the same env "
+            "steps as the others (FACTOR x (num_evals - 1) must be whole), so that a system which learns less per env "
+            "step but runs faster still gets a time to the return threshold (e.g. async=1.6)", _comma_list)
     repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
     out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")
     train_args: tuple[str, ...] = _setting((), "`jaxrose train` settings applied to the preset for every system, "
@@ -122,6 +127,7 @@ class BenchConfig:
         if self.tuned_plan is not None and not os.path.isfile(self.tuned_plan):
             raise ConfigError(f"--tuned-plan {self.tuned_plan!r} is not a file; give a plan saved by `jaxrose tune` "
                               f"(plans/<preset>/plan.json) or leave it out to tune in the run.")
+        self.scales  # each SYSTEM=FACTOR item parses and names a training system
         if self.num_evals is not None and self.num_evals < 3:
             raise ConfigError(f"--num-evals must be >= 3 (the initial evaluation, the compile epoch and at "
                               f"least one steady epoch), got {self.num_evals}; raise it.")
@@ -129,6 +135,26 @@ class BenchConfig:
     @property
     def out_dir(self) -> str:
         return self.out or os.path.join("bench_results", self.preset)
+
+    @property
+    def scales(self) -> dict[str, float]:
+        """--budget-scales as {system: factor}."""
+        from jaxrose.config import ConfigError
+
+        scales = {}
+        for item in self.budget_scales:
+            name, _, factor = item.partition("=")
+            try:
+                scales[name.strip()] = float(factor)
+            except ValueError:
+                raise ConfigError(f"--budget-scales items are SYSTEM=FACTOR (e.g. async=1.6), got {item!r}.") from None
+        for name, factor in scales.items():
+            if name not in SYSTEMS or name == "sim":
+                raise ConfigError(f"--budget-scales names {name!r}, not a training system: use one of "
+                                  f"{','.join(s for s in SYSTEMS if s != 'sim')} (sim has no training budget).")
+            if not (math.isfinite(factor) and factor > 0):
+                raise ConfigError(f"--budget-scales {name}={factor}: the factor must be a positive number.")
+        return scales
 
 
 def parse_args(args: list[str]) -> BenchConfig:
@@ -168,6 +194,27 @@ def train_config(bench: BenchConfig):
         raise ConfigError(f"Preset {bench.preset!r} has run.num_evals={config.run.num_evals}; the bench needs >= 3 "
                           f"to have a steady window. Pass --num-evals 3 or more.")
     return config
+
+
+def system_config(config, bench: BenchConfig, system: str):
+    """The config `system` trains with: the bench's, or, scaled by --budget-scales, the same schedule
+    over more (or fewer) evaluation periods: every period keeps its iterations, so the system's
+    evaluations fall at the same env steps as the others' and go on past them."""
+    from jaxrose.config import ConfigError, replace
+
+    factor = bench.scales.get(system)
+    if factor is None or factor == 1:
+        return config
+    periods = config.run.num_evals - 1
+    scaled = periods * factor
+    if abs(scaled - round(scaled)) > 1e-6 or round(scaled) < 2:
+        whole = ", ".join(f"{k / periods:g}" for k in range(2, 3 * periods + 1) if k != periods)
+        raise ConfigError(f"--budget-scales {system}={factor:g} gives {scaled:g} evaluation periods; with "
+                          f"{config.run.num_evals} evaluations ({periods} periods after the initial one) the factor "
+                          f"must make a whole number of at least 2: one of {whole}, or change --num-evals.")
+    periods = round(scaled)
+    return replace(config, **{"run.total_env_steps": config.iterations_per_eval * periods
+                              * config.env_steps_per_iteration, "run.num_evals": periods + 1})
 
 
 # -- simulation-only ceiling ----------------------------------------------------------------------
@@ -770,6 +817,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     share_gpu_memory_with_children(bench.systems)
 
     config = train_config(bench)
+    configs = {name: system_config(config, bench, name) for name in bench.systems}  # bad scales fail before any run
     systems: dict[str, dict] = {}
     update = train_result = None
     stop: dict = {}
@@ -780,25 +828,26 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
         try:
             for name in bench.systems:
                 running = name
-                _log(f"{SYSTEM_LABELS[name]}: {config.env.name}, {config.run.total_env_steps:,} env steps, "
-                     f"{config.run.num_evals} evaluations")
+                own = configs[name]  # its budget (--budget-scales)
+                _log(f"{SYSTEM_LABELS[name]}: {own.env.name}, {own.run.total_env_steps:,} env steps, "
+                     f"{own.run.num_evals} evaluations")
                 try:
                     if name == "brax":
-                        systems[name] = run_brax(config, sampler)
+                        systems[name] = run_brax(own, sampler)
                     elif name == "sim":
-                        systems[name] = run_sim_ceiling(config, bench.repeats, sampler)
+                        systems[name] = run_sim_ceiling(own, bench.repeats, sampler)
                     elif name == "overlapped":
-                        systems[name] = run_overlapped(config, sampler)
+                        systems[name] = run_overlapped(own, sampler)
                     elif name == "spread":
-                        systems[name] = run_spread(config, sampler, bench.spread_processes)
+                        systems[name] = run_spread(own, sampler, bench.spread_processes)
                     elif name == "tuned":
-                        systems[name] = run_tuned(config, sampler, bench.tune_iterations, bench.tune_groups,
+                        systems[name] = run_tuned(own, sampler, bench.tune_iterations, bench.tune_groups,
                                                   bench.tuned_plan, bench.tune_max_candidates,
                                                   bench.tune_evaluation_placement)
                     elif name == "async":
-                        systems[name] = run_async(config, sampler, bench.async_group_levels)
+                        systems[name] = run_async(own, sampler, bench.async_group_levels)
                     else:
-                        systems[name], train_result = run_sequential(config, sampler, live)
+                        systems[name], train_result = run_sequential(own, sampler, live)
                 except Exception as e:  # one failed system must not lose the others' measurements
                     traceback.print_exc()
                     systems[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
@@ -818,7 +867,7 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
             if running and running not in systems:
                 systems[running] = {"status": "error", "reason": f"interrupted ({stop['interrupted']}) while running"}
                 if running == "sequential" and live.iteration_seconds:
-                    systems[running]["measured_before_interruption"] = live.summary(config)
+                    systems[running]["measured_before_interruption"] = live.summary(configs[running])
             for name in bench.systems:
                 systems.setdefault(name, {"status": "skipped", "reason": f"not started: {stop['interrupted']}"})
         sampler.mark("bench/end")
@@ -830,6 +879,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
         "schedule": {"env_steps_per_iteration": config.env_steps_per_iteration,
                      "iterations_per_eval": config.iterations_per_eval, "num_iterations": config.num_iterations,
                      "steady_skip_iterations": steady_skip(config)},
+        "budgets": {name: {"total_env_steps": own.run.total_env_steps, "num_evals": own.run.num_evals,
+                           "scale": bench.scales[name]} for name, own in configs.items() if own is not config},
         "systems": systems,
         "limits": compute_limits(config, systems.get("sim"), update),
         "threshold": time_to_threshold(systems, bench.return_threshold),

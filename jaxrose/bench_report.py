@@ -62,6 +62,9 @@ def render_markdown(results: dict) -> str:
         f"- command: `{meta['command']}`",
         f"- env steps per iteration: {results['schedule']['env_steps_per_iteration']:,}; "
         f"iterations per evaluation: {results['schedule']['iterations_per_eval']}",
+        *[f"- {SYSTEM_LABELS[name]}: {budget['scale']:g}x the budget (--budget-scales), {budget['total_env_steps']:,} "
+          f"env steps, {budget['num_evals']} evaluations at the same env steps as the others'"
+          for name, budget in results.get("budgets", {}).items()],
         "",
         "| system | steady steps/s | steps/s incl. evals | compile s | time to steady s | final return "
         "| SM activity % | SM occupancy % |",

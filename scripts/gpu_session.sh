@@ -139,12 +139,13 @@ case "${1:?stage}" in
   growfix) # [STEPS] [SEED] [STARTS]: #8's time-to-threshold with V-trace targets, one detached chain on one machine (~4 min
         # per run at 50M: `growfix; collect growfix 560`, then `collect growfix`): the async system started at each of
         # STARTS env groups (default "1 2 4"), brax beside the first; CORRECTION (default vtrace) the off-policy
-        # correction, GROWFIX_ARGS more train settings
+        # correction, GROWFIX_ARGS more train settings, GROWFIX_BENCH_ARGS more bench flags (e.g. "--budget-scales
+        # async=1.6": the async system trains on past 50M steps, evaluating at brax's env steps)
         s=${2:-50000000}; c=${CORRECTION:-vtrace}; g="--run.actors 1 --run.compile-cache /tmp/bg/cc \
           --run.resources.grow-keeps update_size --run.max-policy-lag 7 --run.resources.interval 2 --run.seed ${3:-0} \
           --ppo.off-policy-correction $c ${GROWFIX_ARGS:-}"
         b="python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps $s --num-evals 6 --repeats 3 \
-          --async-group-levels 1,2,4 --return-threshold ${GROW_THRESHOLD:-3000}"
+          --async-group-levels 1,2,4 --return-threshold ${GROW_THRESHOLD:-3000} ${GROWFIX_BENCH_ARGS:-}"
         chain=""; systems=async,brax
         for n in ${4:-1 2 4}; do  # a size named twice: its second run finds the first's compiles cached (-again)
           o=/tmp/bg/growfix/out/$c-start$n; case "$chain" in *"$o "*) o=$o-again ;; esac

@@ -578,3 +578,49 @@ def test_live_progress_medians_the_steady_window_once_the_run_reached_it():
     assert done["median_sps"] == (steps / 2.0 + steps / 4.0) / 2
     live.iteration_seconds = [9.0, 2.0]
     assert live.summary(config)["median_sps"] == steps / 2.0 and live.summary(config)["median_from_iteration"] == 2
+
+
+def test_a_budget_scale_adds_evaluation_periods_of_the_same_env_steps():
+    from jaxrose.bench import system_config, train_config
+
+    bench = parse_args(["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3",
+                        "--budget-scales", "async=1.5,brax=1"])
+    config = train_config(bench)
+    # point-mass: 5,120 env steps per iteration; 20,480 over 2 periods -> 2 iterations (10,240 steps) per period.
+    assert (config.env_steps_per_iteration, config.iterations_per_eval) == (5120, 2)
+    scaled = system_config(config, bench, "async")
+    # 1.5 x 2 periods = 3 periods of the same 2 iterations: 3 x 2 x 5,120 = 30,720 env steps, 4 evaluations,
+    # at 0, 10,240, 20,480 (the others' three) and 30,720.
+    assert (scaled.run.total_env_steps, scaled.run.num_evals) == (30720, 4)
+    assert (scaled.iterations_per_eval, scaled.num_iterations) == (2, 6)
+    assert system_config(config, bench, "brax") is config and system_config(config, bench, "sequential") is config
+    assert scaled.ppo == config.ppo and scaled.env == config.env  # only the budget changes
+
+
+@pytest.mark.parametrize("scales, message", [
+    ("async=1.3", "gives 2.6 evaluation periods.*one of 1.5, 2, 2.5, 3"),
+    ("async=0.5", "gives 1 evaluation periods"),
+    ("rllib=2", "names 'rllib', not a training system"),
+    ("sim=2", "sim has no training budget"),
+    ("async=0", "must be a positive number"),
+    ("async", "items are SYSTEM=FACTOR"),
+])
+def test_bad_budget_scales_name_the_flag_and_the_fix(scales, message):
+    from jaxrose.bench import system_config, train_config
+
+    with pytest.raises(ConfigError, match=message):
+        bench = parse_args(["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3",
+                            "--budget-scales", scales])
+        system_config(train_config(bench), bench, "async")
+
+
+def test_a_scaled_system_evaluates_at_the_others_env_steps_and_past_them(tmp_path):
+    main(["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
+          "--systems", "brax,sequential", "--budget-scales", "sequential=2", "--repeats", "1", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "results.json").read_text())
+    brax, sequential = results["systems"]["brax"], results["systems"]["sequential"]
+    assert brax["eval_env_steps"] == [0, 10240, 20480]
+    assert sequential["eval_env_steps"] == [0, 10240, 20480, 30720, 40960]  # 2 x 2 periods of 10,240 steps
+    assert results["budgets"] == {"sequential": {"total_env_steps": 40960, "num_evals": 5, "scale": 2.0}}
+    assert "2x the budget (--budget-scales), 40,960 env steps, 5 evaluations" in (tmp_path / "results.md").read_text()
+    assert "--budget-scales sequential=2" in results["meta"]["command"]
