@@ -43,6 +43,7 @@ import numpy as np
 
 from jaxrose.bench_brax import run_brax
 from jaxrose.bench_report import SYSTEM_LABELS, append_record, is_finite_number, jsonable, plot_results, render_markdown
+from jaxrose.provenance import git_state
 
 SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "tuned", "async")
 CHILD_SYSTEMS = ("overlapped", "spread", "tuned", "async")  # run in processes of their own, beside this one
@@ -922,7 +923,7 @@ def _meta(bench: BenchConfig, command: Optional[str], sampler) -> dict:
         "jaxrose_version": jaxrose.__version__,
         "python": platform.python_version(),
         "host": platform.node(),
-        **_git_state(),
+        **git_state(),
         "sm_sampling": {"available": sampler.available, "reason": sampler.reason, "interval_s": sampler.interval_s},
     }
 
@@ -934,21 +935,6 @@ def _bench_args(bench: BenchConfig) -> str:
         if value is not None and field.name != "train_args":
             parts += ["--" + field.name.replace("_", "-"), ",".join(value) if isinstance(value, tuple) else str(value)]
     return shlex.join(parts + (["--", *bench.train_args] if bench.train_args else []))
-
-
-def _git_state() -> dict:
-    if os.environ.get("JAXROSE_GIT_COMMIT"):  # a copied checkout (the GPU machine's) may carry a stale .git
-        return {"git_commit": os.environ["JAXROSE_GIT_COMMIT"], "git_dirty": None}
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                                    capture_output=True, text=True, check=True).stdout.strip())
-        return {"git_commit": commit, "git_dirty": dirty}
-    except (OSError, subprocess.CalledProcessError):
-        # A copy without .git (the GPU machine's): the commit can be passed in the environment.
-        return {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "git_dirty": None}
 
 
 def _one_line(summary: dict) -> str:

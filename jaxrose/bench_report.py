@@ -57,7 +57,9 @@ def render_markdown(results: dict) -> str:
         f"{run['num_evals']} evaluations",
         "",
         f"- date (UTC): {meta['date_utc']}",
-        f"- commit: {meta['git_commit'] or 'unknown'}{' (uncommitted changes)' if meta['git_dirty'] else ''}",
+        f"- commit: {meta['git_commit'] or 'unknown'}{' (uncommitted changes)' if meta['git_dirty'] else ''}; "
+        f"source digest {meta.get('source_digest', 'not recorded')} (`python -m jaxrose.provenance REV` gives a "
+        f"commit's)",
         f"- device: {meta['device_kind']} ({meta['platform']}); jax {meta['jax_version']}, brax {meta['brax_version']}",
         f"- command: `{meta['command']}`",
         f"- env steps per iteration: {results['schedule']['env_steps_per_iteration']:,}; "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The measurements a GPU session owes BENCHMARKS.md, each stage bounded so one call fits the lease.
 # Usage on the device machine: JAXROSE_GIT_COMMIT=<sha> bash scripts/gpu_session.sh STAGE
+# (bench results also record a digest of the sources that ran: `python -m jaxrose.provenance REV` gives a commit's)
 # One stage per device call: a call brings back at most 8 files from $OUT.
 #   mps     MPS attachment per quota and transport costs (~1 min)
 #   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)

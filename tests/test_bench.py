@@ -43,6 +43,8 @@ def test_meta_records_where_and_how(bench_run):
     meta = results["meta"]
     for key in ("date_utc", "command", "device_kind", "jax_version", "brax_version", "git_commit"):
         assert key in meta
+    from jaxrose.provenance import source_digest
+    assert meta["source_digest"] == source_digest()  # the code that ran (no source file changes during the tests)
     assert meta["command"].startswith("jaxrose bench --preset point-mass --total-env-steps 20480")
     assert meta["device_kind"]
     if not meta["sm_sampling"]["available"]:  # CPU machines: the reason is recorded instead
