@@ -241,13 +241,13 @@ def render_markdown(comparison: Comparison) -> str:
              "Wall clock to the threshold is measured: from the start of training to the end of the first evaluation "
              "at or above it, less the first iteration's (epoch's) time beyond a median one's (start-up "
              "compilation); compilations mid-run count.", "",
-             "| run | results | device | commit | date (UTC) |", "| --- | --- | --- | --- | --- |"]
+             "| run | results | device | commit | source digest | date (UTC) |", "| --- | --- | --- | --- | --- | --- |"]
     for run in comparison.runs:
         meta = run.results.get("meta", {})
         commit = (meta.get("git_commit") or "unknown")[:10]
         commit += " (uncommitted changes)" if meta.get("git_dirty") else ""
         lines.append(f"| {run.label} | {run.path} | {meta.get('device_kind', '—')} | {commit} "
-                     f"| {meta.get('date_utc', '—')} |")
+                     f"| {meta.get('source_digest', '—')} | {meta.get('date_utc', '—')} |")
     lines += [""] + [f"- {run.label}: `{run.results.get('meta', {}).get('command', 'unknown command')}`"
                      for run in comparison.runs]
     lines += ["", "### Per run", "",

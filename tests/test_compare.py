@@ -64,7 +64,7 @@ def write_results(folder: Path, systems: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "results.json"
     path.write_text(json.dumps({"meta": {"command": f"jaxrose bench --out {folder.name}", "git_commit": "abc",
-                                         "device_kind": "test GPU", "date_utc": "2026-01-01T00:00:00Z"},
+                                         "source_digest": "0123456789abcdef", "device_kind": "test GPU", "date_utc": "2026-01-01T00:00:00Z"},
                                 "systems": systems}))
     return path
 
@@ -157,6 +157,7 @@ def test_command_line_writes_report_plot_and_json(seed_files, tmp_path):
     markdown = (out / "compare.md").read_text()
     assert "| c | jaxrose asynchronous (actors, lag <= run.max_policy_lag) | not reached | not reached |" in markdown
     assert "| 2 of 3 | 14.0 (12.0–16.0) |" in markdown
+    assert "| test GPU | abc | 0123456789abcdef | 2026-01-01T00:00:00Z |" in markdown  # which code ran, where
     assert markdown in completed.stdout
     assert (out / "compare.png").stat().st_size > 10_000
 
