@@ -616,13 +616,16 @@ def test_bad_budget_scales_name_the_flag_and_the_fix(scales, message):
         system_config(train_config(bench), bench, "async")
 
 
-def test_a_scaled_system_evaluates_at_the_others_env_steps_and_past_them(tmp_path):
+@pytest.mark.parametrize("scaled, train_args", [("sequential", []), ("async", ["--", "--run.actors", "1"])])
+def test_a_scaled_system_evaluates_at_the_others_env_steps_and_past_them(tmp_path, scaled, train_args):
     main(["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
-          "--systems", "brax,sequential", "--budget-scales", "sequential=2", "--repeats", "1", "--out", str(tmp_path)])
+          "--systems", f"brax,{scaled}", "--budget-scales", f"{scaled}=2", "--repeats", "1", "--out", str(tmp_path),
+          *train_args])
     results = json.loads((tmp_path / "results.json").read_text())
-    brax, sequential = results["systems"]["brax"], results["systems"]["sequential"]
+    brax, system = results["systems"]["brax"], results["systems"][scaled]
+    assert system["status"] == "ok", system.get("reason")
     assert brax["eval_env_steps"] == [0, 10240, 20480]
-    assert sequential["eval_env_steps"] == [0, 10240, 20480, 30720, 40960]  # 2 x 2 periods of 10,240 steps
-    assert results["budgets"] == {"sequential": {"total_env_steps": 40960, "num_evals": 5, "scale": 2.0}}
+    assert system["eval_env_steps"] == [0, 10240, 20480, 30720, 40960]  # 2 x 2 periods of 10,240 steps
+    assert results["budgets"] == {scaled: {"total_env_steps": 40960, "num_evals": 5, "scale": 2.0}}
     assert "2x the budget (--budget-scales), 40,960 env steps, 5 evaluations" in (tmp_path / "results.md").read_text()
-    assert "--budget-scales sequential=2" in results["meta"]["command"]
+    assert f"--budget-scales {scaled}=2" in results["meta"]["command"]
