@@ -298,6 +298,8 @@ def wall_clock_curve(summary: dict) -> list[tuple[float, float]]:
 
 
 def plot_comparison(comparison: Comparison, png_path: str) -> str:
+    """Two panels, one line per (run, system): return against the measured wall clock (the times to
+    the threshold) and against env steps (what each learned per env step, the lag's cost)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -306,19 +308,25 @@ def plot_comparison(comparison: Comparison, png_path: str) -> str:
     colors = {name: f"C{i}" for i, name in enumerate(comparison.systems)}  # a colour per system, a style per run
     styles = ("-", "--", ":", "-.")
     markers = ("o", "s", "^", "D", "v", "P", "X")
-    fig, axis = plt.subplots(figsize=(10, 6))
+    fig, (by_time, by_steps) = plt.subplots(1, 2, figsize=(15, 6), sharey=True)
     for i, run in enumerate(comparison.runs):
         for name, summary in run.curves.items():
+            style = dict(color=colors[name], ls=styles[i % len(styles)], marker=markers[i % len(markers)],
+                         label=f"{run.label}: {_label(name)}")
             curve = wall_clock_curve(summary)
             if curve:
-                axis.plot(*zip(*curve), color=colors[name], ls=styles[i % len(styles)],
-                          marker=markers[i % len(markers)], label=f"{run.label}: {_label(name)}")
-    axis.axhline(comparison.threshold, color="0.3", ls="--", lw=1, label=f"threshold {comparison.threshold:.4g}")
-    axis.set_xlabel("measured wall-clock seconds since training began (start-up compile excluded)")
-    axis.set_ylabel("evaluation return")
-    axis.set_title(f"{len(comparison.runs)} bench run(s): return against wall clock")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
+                by_time.plot(*zip(*curve), **style)
+            by_steps.plot(*zip(*trained_evaluations(summary)), **style)
+    for axis in (by_time, by_steps):
+        axis.axhline(comparison.threshold, color="0.3", ls="--", lw=1, label=f"threshold {comparison.threshold:.4g}")
+        axis.grid(alpha=0.3)
+    by_time.set_xlabel("measured wall-clock seconds since training began (start-up compile excluded)")
+    by_time.set_ylabel("evaluation return")
+    by_time.set_title("return against wall clock")
+    by_steps.set_xlabel("env steps")
+    by_steps.set_title("return against env steps")
+    by_steps.legend(fontsize=7)
+    fig.suptitle(f"{len(comparison.runs)} bench run(s)")
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
