@@ -890,7 +890,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
         results["interrupted"] = stop["interrupted"]
     results["ratios"] = compute_ratios(results)
     results["gpu_activity"] = {
-        "samples": [[s.t - origin, s.sm_activity_pct, s.sm_occupancy_pct] for s in sampler.samples()],
+        "columns": ["seconds", "sm_activity_pct", "sm_occupancy_pct", "sm_clock_mhz"],
+        "samples": [[s.t - origin, s.sm_activity_pct, s.sm_occupancy_pct, s.sm_clock_mhz] for s in sampler.samples()],
         "marks": {label: t - origin for label, t in sampler.marks().items()},
     }
     for summary in systems.values():

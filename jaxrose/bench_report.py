@@ -195,9 +195,30 @@ def _notes(results: dict) -> list[str]:
     sampling = results["meta"]["sm_sampling"]
     if not sampling["available"]:
         notes.append(f"- SM activity not measured: {sampling['reason']}")
+    notes += gpu_state_lines(results)
     for note in results["systems"].get("brax", {}).get("notes", []):
         notes.append(f"- brax mapping: {note}")
     return notes
+
+
+def gpu_state_lines(results: dict) -> list[str]:
+    """The device's state over each system's measured window, where NVML reported it: a rate that
+    differs between runs of the same program is often a clock held down by power or heat."""
+    parts = []
+    for name, summary in results["systems"].items():
+        sm = summary.get("sm") or {}
+        if "sm_clock_mhz_median" not in sm:
+            continue
+        text = f"{SYSTEM_LABELS[name]}: SM clock {sm['sm_clock_mhz_median']:.0f} MHz median (min {sm['sm_clock_mhz_min']:.0f})"
+        if "temperature_c_max" in sm:
+            text += f", up to {sm['temperature_c_max']:.0f} C"
+        if "power_w_mean" in sm:
+            text += f", {sm['power_w_mean']:.0f} W mean"
+        limited = sm.get("clock_limited_share") or {}
+        text += ("; clock held down by " + ", ".join(f"{reason} in {share:.0%} of samples"
+                                                     for reason, share in limited.items())) if limited else ""
+        parts.append(text)
+    return ["- GPU state over each system's measured window: " + "; ".join(parts) + "."] if parts else []
 
 
 def plot_results(results: dict, png_path: str) -> str:
@@ -240,6 +261,11 @@ def plot_results(results: dict, png_path: str) -> str:
         activity.set_ylabel("%")
         activity.set_ylim(0, 100)
         activity.legend(fontsize=8)
+        clocks = [(s[0], s[3]) for s in samples if len(s) > 3 and s[3] is not None]
+        if clocks:  # a clock held down (power, heat) slows every system measured under it
+            sm_clock = activity.twinx()
+            sm_clock.plot(*zip(*clocks), lw=0.8, color="tab:red", alpha=0.6)
+            sm_clock.set_ylabel("SM clock (MHz)", color="tab:red")
     else:
         reason = textwrap.fill(str(results["meta"]["sm_sampling"]["reason"]), 60)
         activity.text(0.5, 0.5, "SM activity not measured:\n" + reason, ha="center", va="center",

@@ -2,7 +2,8 @@
 
 A background thread takes a GPM snapshot every `interval_s` and turns each pair of consecutive
 snapshots into one sample: SM activity (the share of SMs busy, what the benchmark protocol calls
-"SM activity") and SM occupancy (active warps against the theoretical maximum). `mark(label)`
+"SM activity") and SM occupancy (active warps against the theoretical maximum), with the device's
+SM clock, temperature, power and clock-limit reasons at its end. `mark(label)`
 records named instants, so the average over any window (a system's steady state, say) can be
 read afterwards with `mean(t0, t1)`. All times are `time.perf_counter()` seconds.
 
@@ -29,6 +30,19 @@ class Sample(NamedTuple):
     """Midpoint (perf_counter seconds) of the interval the sample averages over."""
     sm_activity_pct: float
     sm_occupancy_pct: float
+    # The device's state at the sample's end (None where NVML does not report it): a rate that differs
+    # between two runs of the same program is often a clock held down by power or heat.
+    sm_clock_mhz: Optional[float] = None
+    temperature_c: Optional[float] = None
+    power_w: Optional[float] = None
+    clock_limits: Optional[int] = None
+    """NVML's clocks event reasons bitmask: why the SM clock was below its maximum (CLOCK_LIMITS)."""
+
+
+# NVML's clocks event reasons (nvmlClocksEventReason*), the bits of Sample.clock_limits.
+CLOCK_LIMITS = {0x1: "idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+                0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
 
 
 class GpuActivitySampler:
@@ -148,8 +162,9 @@ class GpuActivitySampler:
                 nvml.nvmlGpmSampleGet(self._handle, current)
                 t_current = time.perf_counter()
                 activity, occupancy = self._metrics(previous, current)
+                state = self._device_state()
                 with self._lock:
-                    self._samples.append(Sample(0.5 * (t_previous + t_current), activity, occupancy))
+                    self._samples.append(Sample(0.5 * (t_previous + t_current), activity, occupancy, *state))
                 previous, current, t_previous = current, previous, t_current
         except Exception as e:  # a sampler failure must not kill the benchmark; it says so once
             self.reason = f"GPM sampling stopped after {len(self._samples)} samples ({_describe(e)})."
@@ -157,6 +172,24 @@ class GpuActivitySampler:
         finally:
             nvml.nvmlGpmSampleFree(previous)
             nvml.nvmlGpmSampleFree(current)
+
+    def _device_state(self) -> tuple:
+        """SM clock (MHz), temperature (C), power (W) and the clock-limit reasons, each None where
+        this driver or GPU does not report it (the GPM counters go on regardless)."""
+        nvml, handle = self._nvml, self._handle
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        reads = (lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+                 lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+                 lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # milliwatts
+                 lambda: int(reasons(handle)))
+        values = []
+        for read in reads:
+            try:
+                values.append(read())
+            except Exception:
+                values.append(None)
+        return tuple(values)
 
     def _metrics(self, sample1, sample2) -> tuple[float, float]:
         nvml = self._nvml
@@ -183,9 +216,35 @@ def window_mean(samples: list[Sample], t0: Optional[float] = None, t1: Optional[
     if not inside:
         return None
     n = len(inside)
-    return {"sm_activity_pct": sum(s.sm_activity_pct for s in inside) / n,
-            "sm_occupancy_pct": sum(s.sm_occupancy_pct for s in inside) / n,
-            "num_samples": n}
+    summary = {"sm_activity_pct": sum(s.sm_activity_pct for s in inside) / n,
+               "sm_occupancy_pct": sum(s.sm_occupancy_pct for s in inside) / n,
+               "num_samples": n}
+    return {**summary, **device_state_summary(inside)}
+
+
+def device_state_summary(samples: list[Sample]) -> dict:
+    """The window's SM clock (median, min), peak temperature, mean power and the share of samples
+    each clock-limit reason held the clock down (idle excluded: an idle GPU is not held back); only
+    what NVML reported."""
+    summary = {}
+    clocks = sorted(s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None)
+    if clocks:
+        middle = len(clocks) // 2
+        summary["sm_clock_mhz_median"] = (clocks[middle] if len(clocks) % 2 else
+                                          0.5 * (clocks[middle - 1] + clocks[middle]))
+        summary["sm_clock_mhz_min"] = clocks[0]
+    temperatures = [s.temperature_c for s in samples if s.temperature_c is not None]
+    if temperatures:
+        summary["temperature_c_max"] = max(temperatures)
+    powers = [s.power_w for s in samples if s.power_w is not None]
+    if powers:
+        summary["power_w_mean"] = sum(powers) / len(powers)
+    limits = [s.clock_limits for s in samples if s.clock_limits is not None]
+    if limits:
+        summary["clock_limited_share"] = {name: sum(bool(mask & bit) for mask in limits) / len(limits)
+                                          for bit, name in CLOCK_LIMITS.items()
+                                          if name != "idle" and any(mask & bit for mask in limits)}
+    return summary
 
 
 def _describe(error: Exception) -> str:

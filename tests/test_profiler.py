@@ -1,6 +1,7 @@
 """The GPU activity sampler: graceful absence without a GPU, and the window averages by hand."""
 
 import logging
+import os
 import sys
 
 import pytest
@@ -84,3 +85,83 @@ def test_marks_return_their_time_and_keep_the_latest_per_label():
     second = sampler.mark("a")
     assert second >= first
     assert sampler.marks() == {"a": second}
+
+
+def test_window_mean_adds_the_device_state_by_hand():
+    samples = [Sample(1.0, 10.0, 2.0, 1980.0, 50.0, 300.0, 0x0),
+               Sample(2.0, 20.0, 4.0, 1755.0, 61.0, 700.0, 0x4),          # power cap
+               Sample(3.0, 60.0, 9.0, 1980.0, 58.0, 650.0, 0x4 | 0x20),   # power cap and software thermal
+               Sample(4.0, 90.0, 1.0, 1410.0, 55.0, 350.0, 0x1)]          # idle: not counted as held down
+    summary = window_mean(samples)
+    # Clocks sorted 1410, 1755, 1980, 1980: median (1755 + 1980) / 2 = 1867.5, min 1410; hottest 61 C;
+    # power (300 + 700 + 650 + 350) / 4 = 500 W; power cap in 2 of 4 samples, software thermal in 1 of 4.
+    assert summary == {"sm_activity_pct": 45.0, "sm_occupancy_pct": 4.0, "num_samples": 4,
+                       "sm_clock_mhz_median": 1867.5, "sm_clock_mhz_min": 1410.0, "temperature_c_max": 61.0,
+                       "power_w_mean": 500.0, "clock_limited_share": {"sw_power_cap": 0.5, "sw_thermal_slowdown": 0.25}}
+    # A window of one sample: median and min are its clock; nothing held the clock down.
+    assert window_mean(samples, 0.5, 1.5)["clock_limited_share"] == {}
+    assert window_mean(samples, 0.5, 1.5)["sm_clock_mhz_median"] == 1980.0
+
+
+class FakeNvml:
+    """Models NVML's device queries for one GPU (no GPU here); `missing` names queries it refuses."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, missing=()):
+        self.missing = set(missing)
+
+    def _answer(self, query, value):
+        if query in self.missing:
+            raise RuntimeError(f"{query}: Not Supported")
+        return value
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        assert clock == self.NVML_CLOCK_SM
+        return self._answer("clock", 1755)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return self._answer("temperature", 63)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._answer("power", 612_500)  # milliwatts
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):  # the older name, where EventReasons is absent
+        return self._answer("reasons", 0x4)
+
+
+def test_device_state_reads_each_query_and_keeps_going_without_the_ones_not_supported():
+    sampler = GpuActivitySampler()
+    sampler._nvml, sampler._handle = FakeNvml(), object()
+    assert sampler._device_state() == (1755.0, 63.0, 612.5, 0x4)
+    sampler._nvml = FakeNvml(missing={"temperature", "reasons"})
+    assert sampler._device_state() == (1755.0, None, 612.5, None)
+
+
+def test_the_bench_report_names_the_clock_and_what_held_it_down():
+    from jaxrose.bench_report import gpu_state_lines
+
+    results = {"systems": {
+        "brax": {"sm": window_mean([Sample(1.0, 40.0, 14.0, 1755.0, 70.0, 650.0, 0x4)])},
+        "async": {"sm": window_mean([Sample(1.0, 70.0, 30.0, 1980.0, 60.0, 500.0, 0x0)])},
+        "sim": {"sm": {"sm_activity_pct": 50.0, "sm_occupancy_pct": 20.0, "num_samples": 3}},  # no device state
+    }}
+    assert gpu_state_lines(results) == [
+        "- GPU state over each system's measured window: brax PPO: SM clock 1755 MHz median (min 1755), up to 70 C, "
+        "650 W mean; clock held down by sw_power_cap in 100% of samples; jaxrose asynchronous (actors, lag <= "
+        "run.max_policy_lag): SM clock 1980 MHz median (min 1980), up to 60 C, 500 W mean."]
+    assert gpu_state_lines({"systems": {"sim": {"sm": None}}}) == []
+
+
+def test_the_bench_plot_draws_the_sm_clock_where_it_was_sampled(tmp_path):
+    from jaxrose.bench_report import plot_results
+
+    samples = [[0.1 * i, 50.0, 20.0, 1980.0 - i] for i in range(20)]
+    results = {"meta": {"preset": "ant-mlp", "device_kind": "modelled GPU", "sm_sampling": {"reason": None}},
+               "systems": {"sim": {"status": "ok", "steady_sps": 1e6, "window": [0.5, 1.5]}},
+               "limits": {}, "gpu_activity": {"samples": samples, "marks": {}}}
+    with_clock = plot_results(results, str(tmp_path / "with.png"))
+    results["gpu_activity"]["samples"] = [s[:3] for s in samples]  # results from before the clock was sampled
+    without = plot_results(results, str(tmp_path / "without.png"))
+    assert os.path.getsize(with_clock) > 0 and os.path.getsize(without) > 0
+    assert open(with_clock, "rb").read() != open(without, "rb").read()
