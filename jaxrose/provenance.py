@@ -70,15 +70,15 @@ def git_state(repo: str = REPO) -> dict:
         return {"git_commit": None, "git_dirty": None, **state}
 
 
-def main(args: Optional[list[str]] = None) -> None:
+def main(args: Optional[list[str]] = None, repo: str = REPO) -> None:
     args = sys.argv[1:] if args is None else args
     if not args:
-        print(source_digest())
+        print(source_digest(repo))
         return
     try:
-        print(commit_source_digest(args[0]))
+        print(commit_source_digest(args[0], repo))
     except (OSError, subprocess.CalledProcessError):
-        raise SystemExit(f"{args[0]!r} is not a revision of the git repository at {REPO}: give a commit git knows "
+        raise SystemExit(f"{args[0]!r} is not a revision of the git repository at {repo}: give a commit git knows "
                          f"there (`git log --oneline`), or no argument for the working tree's digest.") from None
 
 

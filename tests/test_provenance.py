@@ -73,19 +73,16 @@ def test_a_stated_commit_is_recorded_beside_the_digest_of_what_ran(tmp_path, mon
     assert git_state(str(tmp_path))["git_commit"] is None  # git cannot tell; the digest still can
 
 
-def test_the_command_prints_a_digest_and_names_the_fix_for_an_unknown_revision(tmp_path, monkeypatch, capsys):
-    from jaxrose import provenance
+def test_the_command_prints_a_digest_and_names_the_fix_for_an_unknown_revision(tmp_path, capsys):
+    from jaxrose.provenance import main
 
     _write(tmp_path, SOURCES)
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "one")
-    monkeypatch.setattr(provenance, "REPO", str(tmp_path))
-    monkeypatch.setattr(provenance.source_digest, "__defaults__", (str(tmp_path),))
-    monkeypatch.setattr(provenance.commit_source_digest, "__defaults__", (str(tmp_path),))
-    provenance.main([])
-    provenance.main(["HEAD"])
+    main([], repo=str(tmp_path))
+    main(["HEAD"], repo=str(tmp_path))
     working_tree, head = capsys.readouterr().out.split()
     assert working_tree == head == digest_files([(p, t.encode()) for p, t in SOURCES.items()])
     with pytest.raises(SystemExit, match="'no-such-revision' is not a revision.*git log --oneline"):
-        provenance.main(["no-such-revision"])
+        main(["no-such-revision"], repo=str(tmp_path))
