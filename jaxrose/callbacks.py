@@ -56,6 +56,8 @@ class ProgressBar:
         self._bar.update(max(0, step - self._bar.n))
         for name, label in (("eval/episode_return", "eval"), ("train/episode_return", "train"),
                             ("perf/sps", "sps")):
+            if label == "train" and metrics.get("train/episodes", 1) == 0:
+                continue  # no episode ended in this iteration: its mean return of 0 is no return; keep the last
             if name in metrics and isinstance(metrics[name], (int, float)) and math.isfinite(metrics[name]):
                 self._postfix[label] = f"{metrics[name]:.4g}"
         self._bar.set_postfix(self._postfix, refresh=False)
