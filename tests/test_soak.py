@@ -43,9 +43,10 @@ def rss_bytes() -> int:
 
 
 def our_segments() -> set[str]:
-    """Shared-memory segments this process has mapped."""
-    with open("/proc/self/maps") as f:
-        return {line.split()[-1].rsplit("/", 1)[1] for line in f if "/dev/shm/" in line}
+    """Shared-memory segments this process has mapped, by name ("NAME (deleted)" once unlinked)."""
+    with open("/proc/self/maps") as f:  # address perms offset dev inode path[ (deleted)]
+        paths = [line.split(maxsplit=5)[5].strip() for line in f if "/dev/shm/" in line]
+    return {path.split("/dev/shm/", 1)[1] for path in paths}
 
 
 def children() -> dict[int, str]:
@@ -82,6 +83,7 @@ def test_soak_memory_results_processes_and_segments(tiny_config):
     resource_tracker.ensure_running()  # started once per process by design; not a leak
     mp.active_children()  # reaps what earlier tests in this pytest worker left exiting
     before_children, before_fds = children(), open_fds()
+    before_segments = our_segments()  # an earlier test's, in the same pytest worker: not this runtime's
     plan = metrics_on_helper_plan(tiny_config)
 
     runtime = MultiProcessPlanExecutor(tiny_config, plan, timeout=60)
@@ -104,13 +106,13 @@ def test_soak_memory_results_processes_and_segments(tiny_config):
             if iteration == WARM_UP:
                 gc.collect()
                 objects_warm = len(gc.get_objects())  # first: its ~1.5 MB list must be inside rss_warm
-                rss_warm, segments = rss_bytes(), our_segments()
+                rss_warm, segments = rss_bytes(), our_segments() - before_segments
                 assert segments, "the runtime maps its transport buffers"
         received += [k for _, k, _, _ in runtime.drain()]
         gc.collect()
         growth = rss_bytes() - rss_warm
         objects = len(gc.get_objects()) - objects_warm
-        assert our_segments() == segments, "shared-memory segments changed during the run"
+        assert our_segments() - before_segments == segments, "shared-memory segments changed during the run"
         seconds = time.perf_counter() - start
     finally:
         runtime.close()
@@ -132,7 +134,7 @@ def test_soak_memory_results_processes_and_segments(tiny_config):
             state = runtime.init(jax.random.PRNGKey(1))
             for _ in range(2):
                 state, _ = runtime.step(state)
-            segments = our_segments()
+            segments = our_segments() - before_segments
             assert [k for _, k, _, _ in runtime.drain()] == [0, 1]
         finally:
             runtime.close()
