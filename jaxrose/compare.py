@@ -22,7 +22,7 @@ import statistics
 from typing import Iterable, Optional, Sequence
 
 from jaxrose.bench import _comma_list, _wall_seconds_to, highest_common_return, trained_evaluations
-from jaxrose.bench_report import SYSTEM_LABELS, is_finite_number, jsonable
+from jaxrose.bench_report import SYSTEM_LABELS, _fmt, is_finite_number, jsonable
 from jaxrose.config import ConfigError
 
 DEFAULT_OUT = os.path.join("bench_results", "compare")
@@ -216,10 +216,6 @@ def compare(runs: Sequence[BenchRun], threshold: Optional[float] = None) -> Comp
 
 
 # -- outputs --------------------------------------------------------------------------------------
-
-
-def _fmt(value, spec: str) -> str:
-    return format(value, spec) if is_finite_number(value) else "—"
 
 
 def _fmt_spread(value: Optional[Spread], spec: str) -> str:

@@ -15,6 +15,7 @@ logged, and `mean()` returns None, so a benchmark runs unchanged on a CPU machin
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from typing import NamedTuple, Optional
@@ -227,18 +228,15 @@ def device_state_summary(samples: list[Sample]) -> dict:
     each clock-limit reason held the clock down (idle excluded: an idle GPU is not held back); only
     what NVML reported."""
     summary = {}
-    clocks = sorted(s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None)
+    clocks = [s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None]
     if clocks:
-        middle = len(clocks) // 2
-        summary["sm_clock_mhz_median"] = (clocks[middle] if len(clocks) % 2 else
-                                          0.5 * (clocks[middle - 1] + clocks[middle]))
-        summary["sm_clock_mhz_min"] = clocks[0]
+        summary["sm_clock_mhz_median"], summary["sm_clock_mhz_min"] = statistics.median(clocks), min(clocks)
     temperatures = [s.temperature_c for s in samples if s.temperature_c is not None]
     if temperatures:
         summary["temperature_c_max"] = max(temperatures)
     powers = [s.power_w for s in samples if s.power_w is not None]
     if powers:
-        summary["power_w_mean"] = sum(powers) / len(powers)
+        summary["power_w_mean"] = statistics.fmean(powers)
     limits = [s.clock_limits for s in samples if s.clock_limits is not None]
     if limits:
         summary["clock_limited_share"] = {name: sum(bool(mask & bit) for mask in limits) / len(limits)
