@@ -69,7 +69,7 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
 
     levels = config.run.resources.group_levels if config.run.resources.manager == "on" else ()
     precompiler = Precompiler(f"actor{index}") if len(levels) > 1 else None
-    precompiling, reported = False, 0  # compiles submitted; how many finished the learner knows of
+    precompiling, reported = False, (0, False)  # compiles submitted; (finished, all done) as the learner knows
 
     def precompile_levels(params, normalizer, env_state, key):
         """Every other batch size's rollout, and the resizes between neighbouring levels, compiled
@@ -140,10 +140,14 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
             if precompiler is not None and not precompiling:  # the running size compiled: the others next
                 precompile_levels(params, normalizer, *starts[seq])
                 precompiling = True
-            if precompiler is not None and len(precompiler.compiled) > reported:  # the learner resizes only to these
+            if precompiler is not None and precompiling:  # the learner resizes only to these
                 compiled = list(precompiler.compiled)
-                conn.send(("precompiled", index, compiled))
-                reported = len(compiled)
+                # All done (failed compiles included): the manager measures only after it (its threads take
+                # the CPU, and the actor idled between rollouts, while they ran).
+                progress = (len(compiled), precompiler.wait(0))
+                if progress != reported:
+                    conn.send(("precompiled", index, compiled, progress[1]))
+                    reported = progress
             size = trajectory_groups(unrolls)
             if size in buffers:
                 slot = seq % len(buffers[size])

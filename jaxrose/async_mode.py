@@ -277,6 +277,7 @@ class AsyncTrainer:
         self._actors_precompile = len(managed) > 1
         self._precompiling = False
         self.precompiled: dict[str, list] = {}  # process -> (label, seconds) of each program compiled ahead
+        self._precompile_finished = [False] * num_actors  # per actor: every level's programs compiled (or failed)
         self._delays = actor_delays or {}
         self.groups = [config.env.num_groups // num_actors] * num_actors  # each actor's batch size
         self.transport = transport_kind()
@@ -362,6 +363,7 @@ class AsyncTrainer:
         self._rollouts[index].clear()
         self._next_seq[index], self._sent_version[index], self._sent_buffers[index] = seq, -1, set()
         self.precompiled.pop(f"actor{index}", None)  # the new process compiles its other levels again
+        self._precompile_finished[index] = False
         return time.perf_counter() - start
 
     def resize_actor(self, index: int, groups: int, update: int) -> None:
@@ -472,6 +474,15 @@ class AsyncTrainer:
                 {rollout_label(g), resize_label(groups, g)} <= actor
                 and (learner is None or set(_learner_labels(g)) <= learner))))
         return tuple(ready)
+
+    def compiling_ahead(self) -> bool:
+        """Whether a process has yet to compile (or fail to compile) every other batch size's programs
+        ahead: its compile threads take the CPU and the actor's loop while they run, so the resource
+        manager counts no interval that began before they were done."""
+        if not self._actors_precompile:
+            return False
+        learner_busy = self._precompiler is not None and not (self._precompiling and self._precompiler.wait(0))
+        return learner_busy or not all(self._precompile_finished)
 
     def _precompile_levels(self, unrolls: dict, learner, batch) -> None:
         """The learner's stages for a trajectory of every other batch size compiled in the background
@@ -608,7 +619,7 @@ class AsyncTrainer:
                               - sum(trajectory_groups(p) for p, _ in pieces))
             consumed += dropped_groups * steps_per_group_rollout
             shapes.extend((i, trajectory_groups(r.unrolls)) for i, r in used)
-            step_lags, reports = [], []
+            step_lags, reports, step_groups = [], [], 0
             for piece, sources in pieces:  # one update, or (grow_keeps='update_size') several, one after another
                 consumed += trajectory_groups(piece) * steps_per_group_rollout
                 batch_lags = [version - r.version for _, r in sources]
@@ -622,6 +633,7 @@ class AsyncTrainer:
                 if updated is None:
                     continue
                 learner, version, done = updated, version + 1, done + 1
+                step_groups += trajectory_groups(piece)
                 lags.extend(batch_lags)
                 step_lags.extend(batch_lags)
                 if float(stats["episodes"]) > 0:
@@ -633,7 +645,7 @@ class AsyncTrainer:
                 pending[version] = self._snapshot_request(version, consumed, learner)
             actors_taken = sorted({i for i, _ in take})
             if manager is not None:
-                manager.on_update(time.perf_counter(), step_lags, depths[-1], waited)
+                manager.on_update(time.perf_counter(), step_lags, depths[-1], waited, step_groups)
                 self._apply_resources(manager, actors_taken, version)
             host_params = self._host_params = jax.device_get((learner.params, learner.normalizer))
             for i in range(self.num_actors):
@@ -708,8 +720,9 @@ class AsyncTrainer:
                     self._states[tag][index] = take(published)
                     continue
                 if message[0] == "precompiled":  # (label, seconds) of each batch size compiled ahead
-                    _, index, compiled = message
+                    _, index, compiled, finished = message
                     self.precompiled[f"actor{index}"] = compiled
+                    self._precompile_finished[index] = finished
                     continue
                 self._receive_trajectory(*message[1:])
 

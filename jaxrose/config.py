@@ -196,8 +196,8 @@ class ResourceConfig:
     every level (~24 s and 2 decisions per level on ant, BENCHMARKS.md, 2026-12-03): where the
     device is known to have room, starting there spends that time training."""
     grow_gain: float = 1.2
-    """A grown batch stays only if the actor's rollout throughput (groups per second) rose by this
-    factor; otherwise it shrinks back and stays there (the device had no room for more envs)."""
+    """A grown batch stays only if the env groups the learner learns per second rose by this factor;
+    otherwise it shrinks back and stays there (the device, or the learner, had no room for more envs)."""
     grow_keeps: Literal["update_size", "minibatch_size", "minibatch_count"] = "update_size"
     """What the learner keeps when an actor's batch is resized. 'update_size': the starting batch
     per update: a trajectory grown 4x is learned as 4 updates, one after another, each on a quarter

@@ -27,8 +27,13 @@ The batch is the first lever when the signal concerns all actors alike: starving
 (the actors together produce too little) grows the smallest batch, the most efficient per group
 first, one level, where the device may have room for more envs at the same quota; a backlog
 shrinks the largest batch (less to learn per update, fresher data). A growth is on probation: if
-the actor's throughput (groups per second of rollout) did not rise `grow_gain` times, the device
-had no room, so it is undone and that size becomes the actor's ceiling. Stragglers, and batches at
+the env groups the learner learned per second did not rise `grow_gain` times, the device (or the
+learner) had no room, so it is undone and that size becomes the actor's ceiling. The verdict is on
+what the learner learns, not on the actor's rollout rate: the growth's reference interval is one
+where the learner starved, idle beside the actor, and a grown batch busies it, slowing the rollout
+it shares the GPU with (session 36, H100: a growth from 2 to 4 groups was undone as 5.25 -> 5.09
+groups/s of rollout, its reference taken beside an idle learner; beside a busy one 2 groups ran at
+4.0-4.3 groups/s). Stragglers, and batches at
 their limits, are left to the quotas and cores. With `grow_keeps='update_size'` a grown batch is
 older data (a g-group trajectory is g / u updates): `run.resources.lag_target` prices it, growing a
 batch only where the lag predicted from the measured one stays within the target and shrinking the
@@ -41,7 +46,10 @@ it is sent.
 
 Rollout times come from the actors' own clocks (the learner's delays in reading a trajectory are
 not the actor's speed); an actor's first rollout after a start, restart or resize compiles and is
-left out.
+left out. An interval that began while a process still compiled other batch sizes ahead counts for
+nothing: the compile threads take the CPU and the actor's loop (on the H100 the actor idled up to
+2.1 s between rollouts), so the learner starved on the compiles, not on the actors' pace, and a
+growth taken on that signal (session 36) priced its lag from that transient too.
 """
 
 from __future__ import annotations
@@ -79,6 +87,12 @@ class Measurements:
     """Per actor, the batch sizes it may move to now: those whose programs (its rollout and resize,
     the learner's update) are compiled (`jaxrose.precompile`), so a change stalls nothing. Empty:
     every level."""
+    groups_per_second: float = float("nan")
+    """Env groups the learner learned per second (pieces dropped at the lag bound not counted): what
+    a growth's verdict compares."""
+    settled: bool = True
+    """False where the interval began while a process still compiled batch sizes ahead: its
+    measurements are that transient's, not the run's, and count for nothing."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +113,7 @@ class PolicyState:
     streaks: tuple[tuple[str, int], ...] = ()
     cooldown: int = 0
     trial: Optional[tuple[int, int, float]] = None
-    """(actor, its groups before growing, its throughput then in groups per second of rollout)."""
+    """(actor, its groups before growing, the env groups the learner learned per second then)."""
     ceilings: tuple[tuple[int, int], ...] = ()
     """(actor, groups): a growth beyond that size gained nothing, so the actor grows no further."""
 
@@ -140,15 +154,14 @@ def _judge_growth(m: Measurements, allocation: Allocation, state: PolicyState, c
     """None if the batch on trial earned its keep; else what `decide` returns: wait for a
     measurement, or shrink it back and make the old size that actor's ceiling."""
     actor, before, throughput = state.trial
-    seconds = m.rollout_seconds[actor]
-    if seconds != seconds:  # no rollout at the new size finished in this interval: judge the next
-        return allocation, dataclasses.replace(state, streaks=()), []
+    now = m.groups_per_second
+    if m.rollout_seconds[actor] != m.rollout_seconds[actor] or now != now:
+        return allocation, dataclasses.replace(state, streaks=()), []  # no rollout at the new size finished: judge the next
     size = allocation.groups[actor]
-    now = size / seconds
-    if now >= config.grow_gain * throughput:
+    if not now < config.grow_gain * throughput:  # a reference never measured (nan) cannot undo it
         return None
-    reason = (f"actor{actor}'s rollout throughput went from {throughput:.3g} to {now:.3g} groups/s when its batch "
-              f"grew from {before} to {size} groups, less than run.resources.grow_gain={config.grow_gain:g} times: "
+    reason = (f"the learner learned {throughput:.3g} env groups/s before actor{actor}'s batch grew from {before} to "
+              f"{size} groups and {now:.3g} after, less than run.resources.grow_gain={config.grow_gain:g} times: "
               f"the device has no room for more envs, so it goes back to {before} and grows no further")
     ceilings = tuple(sorted({**dict(state.ceilings), actor: before}.items()))
     return (_with_groups(allocation, actor, before), PolicyState((), config.cooldown, None, ceilings),
@@ -225,6 +238,8 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
                and m.queue_depth >= config.queue_fraction * len(m.rollout_seconds))
     stale = _stale(m, allocation, config)
     signal = "stale" if stale else "starving" if starving else "backlog" if backlog else None
+    if not m.settled:  # a compile-ahead's transient: nothing counts, not even toward the cooldown
+        return allocation, dataclasses.replace(state, streaks=()), []
     if state.cooldown > 0:  # a change's effect is still settling: its measurements count for nothing
         return allocation, dataclasses.replace(state, streaks=(), cooldown=state.cooldown - 1), []
     if state.trial is not None:
@@ -246,7 +261,7 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
     if batch is not None:  # one lever at a time, so that its effect can be measured
         actor, size, reason = batch
         before = allocation.groups[actor]
-        trial = (actor, before, before / seconds[actor]) if size > before else None
+        trial = (actor, before, m.groups_per_second) if size > before else None
         return (_with_groups(allocation, actor, size), PolicyState((), config.cooldown, trial, state.ceilings),
                 [_decision(f"actor{actor}", "groups", before, size, reason, signal, m)])
     decisions: list[dict] = []
@@ -313,14 +328,16 @@ class ResourceManager:
         self._pending_groups: dict[int, int] = {}  # actor -> batch size waiting for its next parameters
         self._warming: set[int] = set()  # actors whose next rollout compiles (new process or shape)
         self._resizing: set[int] = set()  # actors decided a new batch size, still rolling out the old one
-        self._reset_window(time.perf_counter())
         self._trainer = None
+        self._reset_window(time.perf_counter())
 
     def actor_env(self, index: int) -> dict:
         return self._quota_env(f"actor{index}", self.allocation.sm_quotas[index])[0]
 
     def _reset_window(self, now: float) -> None:
-        self._window_start, self._waited = now, 0.0
+        self._window_start, self._waited, self._groups_learned = now, 0.0, 0
+        # An interval counts only if no process was compiling ahead when it began (see the module doc).
+        self._window_settled = self._trainer is not None and not self._trainer.compiling_ahead()
         self._rollouts: dict[int, list[float]] = {i: [] for i in range(self.num_actors)}
         self._depths: list[int] = []
         self._lags: list[int] = []
@@ -348,8 +365,11 @@ class ResourceManager:
             return
         self._rollouts[index].append(seconds)
 
-    def on_update(self, now: float, lags: list[int], queue_depth: int, waited: float) -> None:
+    def on_update(self, now: float, lags: list[int], queue_depth: int, waited: float, groups: int = 0) -> None:
+        """One learner step: the lags of the updates it made, the queue it found, the seconds it waited
+        and the env groups it learned."""
         self._waited += waited
+        self._groups_learned += groups
         self._depths.append(queue_depth)
         self._lags.extend(lags)
         if now - self._window_start >= self.config.interval:
@@ -361,7 +381,8 @@ class ResourceManager:
         ready = self._trainer.compiled_levels() if self._trainer is not None else ()
         return Measurements(seconds, min(self._waited / span, 1.0),
                             sum(self._depths) / max(len(self._depths), 1), len(self._depths) / span,
-                            sum(self._lags) / max(len(self._lags), 1), max(self._lags, default=0), ready)
+                            sum(self._lags) / max(len(self._lags), 1), max(self._lags, default=0), ready,
+                            self._groups_learned / span, self._window_settled)
 
     def _decide(self, now: float) -> None:
         before = self.allocation

@@ -14,8 +14,10 @@ CONFIG = ResourceConfig(manager="on", sm_levels=(25, 50, 75, 100), patience=2, c
 NAN = float("nan")
 
 
-def _m(seconds, wait, depth):
-    return Measurements(tuple(seconds), wait, depth, updates_per_second=10.0, lag_mean=0.5, lag_max=1)
+def _m(seconds, wait, depth, learned=8.0):
+    """One interval; `learned`: env groups the learner learned per second."""
+    return Measurements(tuple(seconds), wait, depth, updates_per_second=10.0, lag_mean=0.5, lag_max=1,
+                        groups_per_second=learned)
 
 
 def _run(measurements, allocation, config=CONFIG):
@@ -141,8 +143,8 @@ def _groups(decisions):
 
 def test_starving_without_a_straggler_grows_the_most_efficient_smallest_batch_and_keeps_it_if_it_pays():
     allocation = Allocation((50, 50), ((2,), (3,)), (0,), groups=(2, 2))
-    # actor1 at 4 groups: 4 / 0.25 = 16 groups/s against 2 / 0.18 = 11.1 before, 1.44x >= 1.2x: kept.
-    paid = _m([0.20, 0.25], wait=0.6, depth=0.1)
+    # After actor1 grew the learner learns 11.2 groups/s against 8.0 before, 1.4x >= 1.2x: kept.
+    paid = _m([0.20, 0.25], wait=0.6, depth=0.1, learned=11.2)
     state, history = PolicyState(), []
     for m in [EVEN_STARVING] * 4 + [paid, EVEN_STARVING]:  # grow, cooldown x2, verdict, grow
         allocation, state, decisions = decide(m, allocation, state, BATCH)
@@ -174,9 +176,9 @@ def test_a_batch_grows_only_to_a_size_whose_programs_are_compiled():
 
 def test_a_growth_that_does_not_pay_is_undone_and_becomes_the_actors_ceiling():
     allocation = Allocation((50, 50), ((2,), (3,)), (0,), groups=(2, 2))
-    # actor1 at 4 groups: 4 / 0.36 = 11.1 groups/s, no better than 2 / 0.18 = 11.1: the device had no room.
-    no_gain = _m([0.20, 0.36], wait=0.6, depth=0.1)
-    unmeasured = _m([0.20, NAN], wait=0.6, depth=0.1)
+    # actor1 at 4 groups: the learner learns 8.8 groups/s against 8.0 before, 1.1x < 1.2x: the device had no room.
+    no_gain = _m([0.20, 0.36], wait=0.6, depth=0.1, learned=8.8)
+    unmeasured = _m([0.20, NAN], wait=0.6, depth=0.1, learned=8.8)
     state, history = PolicyState(), []
     # grow, cooldown x2, no verdict yet, undo, cooldown x2, patience, grow
     for m in [EVEN_STARVING] * 4 + [unmeasured, no_gain] + [EVEN_STARVING] * 4:
@@ -185,7 +187,7 @@ def test_a_growth_that_does_not_pay_is_undone_and_becomes_the_actors_ceiling():
     assert _groups(history[1]) == [("actor1", 2, 4)]
     assert history[4] == []  # no rollout at the new size finished: the verdict waits
     assert _groups(history[5]) == [("actor1", 4, 2)] and history[5][0]["signal"] == "no_gain"
-    assert "no room" in history[5][0]["reason"]
+    assert "no room" in history[5][0]["reason"] and "8 env groups/s before" in history[5][0]["reason"]
     assert dict(state.ceilings) == {1: 2}
     assert history[6] == history[7] == history[8] == []  # cooldown, then the patience again
     # actor1 is capped at 2, so actor0 grows, although actor1 is the more efficient one.
@@ -315,6 +317,10 @@ def test_manager_grows_an_actors_batch_in_a_real_run_and_its_trajectories_follow
     grown = [d for d in decisions if d["kind"] == "groups"]
     assert grown and (grown[0]["before"], grown[0]["after"]) == (1, 2), decisions
     assert grown[0]["measurements"]["learner_wait_fraction"] >= resources.starve_fraction
+    # Decided on an interval begun after every process compiled its other sizes ahead, which they all did.
+    from jaxrose.async_actor import precompile_order
+    assert grown[0]["measurements"]["settled"] is True and not trainer.compiling_ahead()
+    assert all(len(result.precompiled[f"actor{i}"]) == len(precompile_order((1, 2), 1)) for i in range(2))
     actor = int(grown[0]["process"][5:])
     resize = next(d for d in decisions if d["kind"] == "resize" and d["process"] == f"actor{actor}")
     assert (resize["before"], resize["after"]) == (1, 2)
@@ -552,3 +558,42 @@ def test_lag_target_shrinks_a_stale_actor_in_a_real_run(tiny_config):
     # shrink waited for the actor's programs alone (it waited for learner programs never used before).
     assert "learner" not in result.precompiled and result.precompiled["actor0"], result.precompiled
     assert not multiprocessing.active_children()
+
+
+def test_intervals_begun_while_compiling_ahead_count_for_nothing():
+    """Session 36's transient (H100, seed 2): while the actor compiled its other sizes ahead it idled,
+    so the learner 'starved' (87% waiting at mean lag 0.5) and the batch grew 2 -> 4 where the
+    steady lag, 2.5, predicts 5.5 against a target of 3. Unsettled intervals: no signal, no
+    patience, no cooldown spent; the first settled ones measure the steady lag and the quota moves
+    instead. The same intervals settled (the old behaviour) grow the batch, which the target exists
+    to prevent."""
+    allocation = Allocation((50,), ((2,),), (0,), groups=(2,))
+    transient = dataclasses.replace(_m([0.38], wait=0.87, depth=0.0, learned=0.78), lag_mean=0.5, lag_max=1,
+                                    settled=False)
+    steady = dataclasses.replace(_m([0.48], wait=0.35, depth=0.0, learned=4.2), lag_mean=2.5, lag_max=3)
+    new, history = _run([transient] * 5 + [steady] * 2, allocation, STALE)
+    assert history[:6] == [[]] * 6 and new.groups == (2,)
+    assert [(d["kind"], d["before"], d["after"]) for d in history[6]] == [("sm_quota", 50, 75)]
+    assert history[6][0]["measurements"]["settled"] is True
+    grown, history = _run([dataclasses.replace(transient, settled=True)] * 2, allocation, STALE)
+    assert _groups(history[1]) == [("actor0", 2, 4)] and grown.groups == (4,)
+    # A trial under way waits out an unsettled interval (a restart's compile-ahead) and its cooldown too.
+    state = PolicyState(cooldown=1, trial=(0, 2, 4.2))
+    four = Allocation((50,), ((2,),), (0,), groups=(4,))
+    after, state, decisions = decide(dataclasses.replace(transient, groups_per_second=0.5), four, state, STALE)
+    assert decisions == [] and state.cooldown == 1 and state.trial == (0, 2, 4.2) and after.groups == (4,)
+
+
+def test_a_growth_is_judged_by_the_groups_the_learner_learns_not_the_actors_rollout_rate():
+    """Session 36's verdict: the reference rollout (2 groups in 0.381 s = 5.25 groups/s) ran beside a
+    starving, idle learner; at 4 groups beside a busy learner the rollout took 0.787 s (5.09 groups/s),
+    'no gain' by the actor's clock. The learner learned 4.2 groups/s before (2 groups per steady
+    0.48 s step) and 5.1 after: 1.21x, kept at grow_gain 1.2; at 4.9 (1.17x) undone."""
+    allocation = Allocation((50,), ((2,),), (0,), groups=(2,))
+    starving = _m([0.381], wait=0.6, depth=0.0, learned=4.2)
+    for learned, kept in ((5.1, True), (4.9, False)):
+        after = _m([0.787], wait=0.16, depth=0.0, learned=learned)
+        new, history = _run([starving] * 2 + [after] * 3, allocation, BATCH)  # grow, cooldown x2, verdict
+        assert _groups(history[1]) == [("actor0", 2, 4)]
+        assert _groups(history[4]) == ([] if kept else [("actor0", 4, 2)])
+        assert new.groups == ((4,) if kept else (2,))
