@@ -46,10 +46,12 @@ it is sent.
 
 Rollout times come from the actors' own clocks (the learner's delays in reading a trajectory are
 not the actor's speed); an actor's first rollout after a start, restart or resize compiles and is
-left out. An interval that began while a process still compiled other batch sizes ahead counts for
-nothing: the compile threads take the CPU and the actor's loop (on the H100 the actor idled up to
+left out. An interval that began while a process still compiled other batch sizes ahead is a
+transient: the compile threads take the CPU and the actor's loop (on the H100 the actor idled up to
 2.1 s between rollouts), so the learner starved on the compiles, not on the actors' pace, and a
-growth taken on that signal (session 36) priced its lag from that transient too.
+growth taken on that signal (session 36) priced its lag from that transient too. Such an interval
+counts only as a `stale` signal: the idle actor's data is fresher than the steady run's, so a mean
+lag above the target then is above it in the steady run too.
 """
 
 from __future__ import annotations
@@ -238,11 +240,15 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
                and m.queue_depth >= config.queue_fraction * len(m.rollout_seconds))
     stale = _stale(m, allocation, config)
     signal = "stale" if stale else "starving" if starving else "backlog" if backlog else None
-    if not m.settled:  # a compile-ahead's transient: nothing counts, not even toward the cooldown
+    # A compile-ahead's transient: the actor idles, so the learner's wait overstates its starving and the
+    # lag understates the steady one; only a lag already above the target is safe to act on.
+    if not m.settled and not stale:
         return allocation, dataclasses.replace(state, streaks=()), []
     if state.cooldown > 0:  # a change's effect is still settling: its measurements count for nothing
         return allocation, dataclasses.replace(state, streaks=(), cooldown=state.cooldown - 1), []
     if state.trial is not None:
+        if not m.settled:  # judged on a settled interval only
+            return allocation, dataclasses.replace(state, streaks=()), []
         judged = _judge_growth(m, allocation, state, config)
         if judged is not None:
             return judged

@@ -563,8 +563,8 @@ def test_lag_target_shrinks_a_stale_actor_in_a_real_run(tiny_config):
 def test_intervals_begun_while_compiling_ahead_count_for_nothing():
     """Session 36's transient (H100, seed 2): while the actor compiled its other sizes ahead it idled,
     so the learner 'starved' (87% waiting at mean lag 0.5) and the batch grew 2 -> 4 where the
-    steady lag, 2.5, predicts 5.5 against a target of 3. Unsettled intervals: no signal, no
-    patience, no cooldown spent; the first settled ones measure the steady lag and the quota moves
+    steady lag, 2.5, predicts 5.5 against a target of 3. Unsettled intervals: no starving or backlog
+    signal, no patience, no cooldown spent; the first settled ones measure the steady lag and the quota moves
     instead. The same intervals settled (the old behaviour) grow the batch, which the target exists
     to prevent."""
     allocation = Allocation((50,), ((2,),), (0,), groups=(2,))
@@ -582,6 +582,11 @@ def test_intervals_begun_while_compiling_ahead_count_for_nothing():
     four = Allocation((50,), ((2,),), (0,), groups=(4,))
     after, state, decisions = decide(dataclasses.replace(transient, groups_per_second=0.5), four, state, STALE)
     assert decisions == [] and state.cooldown == 1 and state.trial == (0, 2, 4.2) and after.groups == (4,)
+    # A lag above the target in the transient is above it in the steady run too (the idle actor's data
+    # is fresher): started at 4 groups, lag 5.5 > 3, the batch shrinks after the patience, unsettled.
+    stale = dataclasses.replace(transient, lag_mean=5.5, lag_max=7)
+    new, history = _run([stale] * 2, four, STALE)
+    assert history[0] == [] and _groups(history[1]) == [("actor0", 4, 2)] and history[1][0]["signal"] == "stale"
 
 
 def test_a_growth_is_judged_by_the_groups_the_learner_learns_not_the_actors_rollout_rate():
