@@ -140,13 +140,12 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
             if precompiler is not None and not precompiling:  # the running size compiled: the others next
                 precompile_levels(params, normalizer, *starts[seq])
                 precompiling = True
-            if precompiler is not None and precompiling:  # the learner resizes only to these
-                compiled = list(precompiler.compiled)
+            if precompiler is not None and precompiling and not reported[1]:  # the learner resizes only to these
                 # All done (failed compiles included): the manager measures only after it (its threads take
                 # the CPU, and the actor idled between rollouts, while they ran).
-                progress = (len(compiled), precompiler.wait(0))
+                progress = (len(precompiler.compiled), precompiler.wait(0))
                 if progress != reported:
-                    conn.send(("precompiled", index, compiled, progress[1]))
+                    conn.send(("precompiled", index, list(precompiler.compiled)[:progress[0]], progress[1]))
                     reported = progress
             size = trajectory_groups(unrolls)
             if size in buffers:

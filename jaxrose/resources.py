@@ -94,7 +94,7 @@ class Measurements:
     a growth's verdict compares."""
     settled: bool = True
     """False where the interval began while a process still compiled batch sizes ahead: its
-    measurements are that transient's, not the run's, and count for nothing."""
+    measurements are that transient's, not the run's, and count only as a `stale` signal."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,14 +241,13 @@ def decide(m: Measurements, allocation: Allocation, state: PolicyState, config: 
     stale = _stale(m, allocation, config)
     signal = "stale" if stale else "starving" if starving else "backlog" if backlog else None
     # A compile-ahead's transient: the actor idles, so the learner's wait overstates its starving and the
-    # lag understates the steady one; only a lag already above the target is safe to act on.
-    if not m.settled and not stale:
+    # lag understates the steady one; only a lag already above the target is safe to act on, and neither
+    # a cooldown nor a growth's verdict is spent on it.
+    if not m.settled and (not stale or state.cooldown > 0 or state.trial is not None):
         return allocation, dataclasses.replace(state, streaks=()), []
     if state.cooldown > 0:  # a change's effect is still settling: its measurements count for nothing
         return allocation, dataclasses.replace(state, streaks=(), cooldown=state.cooldown - 1), []
     if state.trial is not None:
-        if not m.settled:  # judged on a settled interval only
-            return allocation, dataclasses.replace(state, streaks=()), []
         judged = _judge_growth(m, allocation, state, config)
         if judged is not None:
             return judged

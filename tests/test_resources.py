@@ -560,7 +560,7 @@ def test_lag_target_shrinks_a_stale_actor_in_a_real_run(tiny_config):
     assert not multiprocessing.active_children()
 
 
-def test_intervals_begun_while_compiling_ahead_count_for_nothing():
+def test_intervals_begun_while_compiling_ahead_count_only_as_a_stale_lag():
     """Session 36's transient (H100, seed 2): while the actor compiled its other sizes ahead it idled,
     so the learner 'starved' (87% waiting at mean lag 0.5) and the batch grew 2 -> 4 where the
     steady lag, 2.5, predicts 5.5 against a target of 3. Unsettled intervals: no starving or backlog
