@@ -8,6 +8,13 @@ including evaluations and the final return. Per system over the runs: the median
 and how many runs reached the threshold. Where a run has brax beside another system: brax's wall
 seconds over that system's (the system's speedup), per run and its median.
 
+Evaluations every few million env steps quantize the measured time: a curve that crosses the threshold
+just after one evaluation is timed at the next. Beside it, each time is also given interpolated: where
+the straight line between the measured (wall clock, return) points either side of the crossing meets the
+threshold; the point before the first trained evaluation is the start of training (wall clock 0, the
+return of the evaluation before training). It is derived from the same measurements, labelled as such,
+and never replaces the measured time.
+
 `jaxrose compare RUN_A/results.json RUN_B/results.json ... [--labels a,b] [--threshold R] [--out DIR]`
 writes compare.md (tables), compare.png (return against measured wall clock) and compare.json.
 """
@@ -124,6 +131,7 @@ class SystemTimes:
 
     steps_to_threshold: Optional[int]
     wall_seconds_to_threshold: Optional[float]
+    interpolated_wall_seconds_to_threshold: Optional[float]  # see the module's docstring
     steady_sps_with_evals: Optional[float]
     final_return: Optional[float]
 
@@ -141,6 +149,7 @@ class SystemAcrossRuns:
     runs: int  # runs with a learning curve of this system
     reached: int  # of those, the runs that reached the threshold
     wall_seconds_to_threshold: Optional[Spread]  # over the runs that reached it (and have the timings)
+    interpolated_wall_seconds_to_threshold: Optional[Spread]
     final_return: Optional[Spread]
     steady_sps_with_evals: Optional[Spread]
 
@@ -162,16 +171,36 @@ class Comparison:
     times: dict[str, dict[str, SystemTimes]]  # run label -> system -> its times
     systems: dict[str, SystemAcrossRuns]  # in order of first appearance
     brax_ratios: dict[str, BraxRatio]  # other system -> ratio
+    interpolated_brax_ratios: dict[str, BraxRatio]  # the same over the interpolated times
 
 
 def _number(value) -> Optional[float]:
     return value if is_finite_number(value) else None
 
 
+def interpolated_wall_seconds(summary: dict, threshold: float) -> Optional[float]:
+    """The wall clock where the line between the measured points either side of the first crossing
+    meets the threshold (module docstring); None where not reached or an evaluation lacks its time."""
+    steps, returns = summary.get("eval_env_steps") or [None], summary.get("eval_returns") or [None]
+    before = (0.0, returns[0]) if steps[0] == 0 and is_finite_number(returns[0]) else None
+    for step, r in trained_evaluations(summary):
+        seconds = _wall_seconds_to(summary, step)
+        if seconds is None:
+            return None
+        if r >= threshold:
+            if before is None or before[1] >= threshold:  # nothing measured below it: the measured time
+                return seconds
+            t0, r0 = before
+            return t0 + (threshold - r0) / (r - r0) * (seconds - t0)
+        before = (seconds, r)
+    return None
+
+
 def system_times(summary: dict, threshold: float) -> SystemTimes:
     steps = next((steps for steps, r in trained_evaluations(summary) if r >= threshold), None)
     return SystemTimes(steps_to_threshold=steps,
                        wall_seconds_to_threshold=None if steps is None else _wall_seconds_to(summary, steps),
+                       interpolated_wall_seconds_to_threshold=interpolated_wall_seconds(summary, threshold),
                        steady_sps_with_evals=_number(summary.get("steady_sps_with_evals")),
                        final_return=_number(summary.get("final_return")))
 
@@ -184,15 +213,18 @@ def spread(values: Iterable[Optional[float]]) -> Optional[Spread]:
 def _across_runs(times: list[SystemTimes]) -> SystemAcrossRuns:
     return SystemAcrossRuns(runs=len(times), reached=sum(t.steps_to_threshold is not None for t in times),
                             wall_seconds_to_threshold=spread(t.wall_seconds_to_threshold for t in times),
+                            interpolated_wall_seconds_to_threshold=spread(
+                                t.interpolated_wall_seconds_to_threshold for t in times),
                             final_return=spread(t.final_return for t in times),
                             steady_sps_with_evals=spread(t.steady_sps_with_evals for t in times))
 
 
-def _brax_ratio(times: dict[str, dict[str, SystemTimes]], system: str) -> BraxRatio:
+def _brax_ratio(times: dict[str, dict[str, SystemTimes]], system: str,
+                field: str = "wall_seconds_to_threshold") -> BraxRatio:
     per_run = {}
     for label, systems in times.items():
         if "brax" in systems and system in systems:
-            brax, other = systems["brax"].wall_seconds_to_threshold, systems[system].wall_seconds_to_threshold
+            brax, other = getattr(systems["brax"], field), getattr(systems[system], field)
             per_run[label] = brax / other if brax is not None and other is not None and other > 0 else None
     ratios = [r for r in per_run.values() if r is not None]
     return BraxRatio(per_run, statistics.median(ratios) if ratios else None)
@@ -212,7 +244,8 @@ def compare(runs: Sequence[BenchRun], threshold: Optional[float] = None) -> Comp
     paired = [name for name in names if name != "brax"
               and any("brax" in t and name in t for t in times.values())]
     brax_ratios = {name: _brax_ratio(times, name) for name in paired}
-    return Comparison(threshold, stated, tuple(runs), times, systems, brax_ratios)
+    interpolated = {name: _brax_ratio(times, name, "interpolated_wall_seconds_to_threshold") for name in paired}
+    return Comparison(threshold, stated, tuple(runs), times, systems, brax_ratios, interpolated)
 
 
 # -- outputs --------------------------------------------------------------------------------------
@@ -236,7 +269,10 @@ def render_markdown(comparison: Comparison) -> str:
              f"{comparison.threshold:.4g} ({how})", "",
              "Wall clock to the threshold is measured: from the start of training to the end of the first evaluation "
              "at or above it, less the first iteration's (epoch's) time beyond a median one's (start-up "
-             "compilation); compilations mid-run count.", "",
+             "compilation); compilations mid-run count. Interpolated: where the line between the measured points "
+             "either side of the first crossing meets the threshold (the start of training, at the return before "
+             "it, is the point before the first evaluation): an estimate between measurements, given beside them "
+             "because evaluations every few million env steps quantize the measured time.", "",
              "| run | results | device | commit | source digest | date (UTC) |", "| --- | --- | --- | --- | --- | --- |"]
     for run in comparison.runs:
         meta = run.results.get("meta", {})
@@ -247,33 +283,37 @@ def render_markdown(comparison: Comparison) -> str:
     lines += [""] + [f"- {run.label}: `{run.results.get('meta', {}).get('command', 'unknown command')}`"
                      for run in comparison.runs]
     lines += ["", "### Per run", "",
-              "| run | system | env steps to threshold | wall-clock s to threshold | steps/s incl. evals "
-              "| final return |",
-              "| --- | --- | ---: | ---: | ---: | ---: |"]
+              "| run | system | env steps to threshold | wall-clock s to threshold | interpolated s "
+              "| steps/s incl. evals | final return |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for label, systems in comparison.times.items():
         for name, t in systems.items():
             steps = "not reached" if t.steps_to_threshold is None else _fmt(t.steps_to_threshold, ",.0f")
             wall = "not reached" if t.steps_to_threshold is None else _fmt(t.wall_seconds_to_threshold, ".1f")
-            lines.append(f"| {label} | {_label(name)} | {steps} | {wall} | {_fmt(t.steady_sps_with_evals, ',.0f')} "
-                         f"| {_fmt(t.final_return, '.4g')} |")
+            interpolated = _fmt(t.interpolated_wall_seconds_to_threshold, ".1f")
+            lines.append(f"| {label} | {_label(name)} | {steps} | {wall} | {interpolated} "
+                         f"| {_fmt(t.steady_sps_with_evals, ',.0f')} | {_fmt(t.final_return, '.4g')} |")
     lines += ["", "### Per system over the runs: median (min–max)", "",
-              "| system | reached the threshold | wall-clock s to threshold (runs that reached it) | final return "
-              "| steps/s incl. evals |", "| --- | ---: | ---: | ---: | ---: |"]
+              "| system | reached the threshold | wall-clock s to threshold (runs that reached it) | interpolated s "
+              "| final return | steps/s incl. evals |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, s in comparison.systems.items():
         wall = _fmt_spread(s.wall_seconds_to_threshold, ".1f")
         timed = s.wall_seconds_to_threshold.count if s.wall_seconds_to_threshold else 0
         if timed < s.reached:  # results from before the bench stored its timings have steps but no wall clock
             wall += f" ({timed} of {s.reached} timed)"
         lines.append(f"| {_label(name)} | {s.reached} of {s.runs} | {wall} "
+                     f"| {_fmt_spread(s.interpolated_wall_seconds_to_threshold, '.1f')} "
                      f"| {_fmt_spread(s.final_return, '.4g')} | {_fmt_spread(s.steady_sps_with_evals, ',.0f')} |")
     if comparison.brax_ratios:
         labels = [run.label for run in comparison.runs]
         lines += ["", "### brax's wall-clock seconds to the threshold over each system's, per run "
                       "(> 1: the system got there sooner)", "",
                   f"| system | {' | '.join(labels)} | median |", "| --- |" + " ---: |" * (len(labels) + 1)]
-        for name, ratio in comparison.brax_ratios.items():
-            cells = [_fmt(ratio.per_run[label], ".3f") if label in ratio.per_run else "" for label in labels]
-            lines.append(f"| {_label(name)} | {' | '.join(cells)} | {_fmt(ratio.median, '.3f')} |")
+        for name in comparison.brax_ratios:
+            for ratio, how in ((comparison.brax_ratios[name], ""),
+                               (comparison.interpolated_brax_ratios[name], ", interpolated")):
+                cells = [_fmt(ratio.per_run[label], ".3f") if label in ratio.per_run else "" for label in labels]
+                lines.append(f"| {_label(name)}{how} | {' | '.join(cells)} | {_fmt(ratio.median, '.3f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -283,7 +323,9 @@ def to_json(comparison: Comparison) -> dict:
             for run in comparison.runs]
     return jsonable({"threshold": {"return": comparison.threshold, "stated": comparison.stated}, "runs": runs,
                      "systems": {name: dataclasses.asdict(s) for name, s in comparison.systems.items()},
-                     "brax_ratios": {name: dataclasses.asdict(r) for name, r in comparison.brax_ratios.items()}})
+                     "brax_ratios": {name: dataclasses.asdict(r) for name, r in comparison.brax_ratios.items()},
+                     "interpolated_brax_ratios": {name: dataclasses.asdict(r)
+                                                  for name, r in comparison.interpolated_brax_ratios.items()}})
 
 
 def wall_clock_curve(summary: dict) -> list[tuple[float, float]]:

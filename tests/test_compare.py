@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jaxrose.cli import main as cli_main
-from jaxrose.compare import CompareConfig, compare, load_runs, wall_clock_curve
+from jaxrose.compare import CompareConfig, compare, interpolated_wall_seconds, load_runs, wall_clock_curve
 from jaxrose.config import ConfigError
 
 REPO = Path(__file__).parent.parent
@@ -123,6 +123,40 @@ def test_brax_over_each_system_per_run_and_its_median(seed_files):
     assert "brax" not in ratios
 
 
+def test_interpolated_time_is_where_the_line_between_the_evaluations_either_side_meets_the_threshold(seed_files):
+    comparison = compare(load_runs(CompareConfig(tuple(seed_files))), threshold=3.0)
+    interpolated = {(label, name): t.interpolated_wall_seconds_to_threshold
+                    for label, ts in comparison.times.items() for name, t in ts.items()}
+    # (wall clock, return) points from three_seeds' docstring; the crossing lies between the last point below 3
+    # and the first at or above it: s0 brax (10, 2) -> (20, 4): 10 + (3 - 2) / (4 - 2) * 10 = 15;
+    # s0 async (4, 1) -> (12, 3): 12, on the evaluation (its 900 before training is the origin's return, above 3,
+    # but a trained evaluation lies between); s0 sequential (12, 2.5) -> (18, 3.5): 15;
+    # s1 async (6, 2) -> (16, 4): 11; s1 brax (12, 1) -> (24, 3.5): 12 + 2 / 2.5 * 12 = 21.6;
+    # s2 brax: its first evaluation is above 3, so the origin, training's start at the return before it (0, 0),
+    # is the point below: 0 + 3 / 3 * 8 = 8; s2 async never reaches 3.
+    assert interpolated == pytest.approx({("s0", "async"): 12.0, ("s0", "brax"): 15.0, ("s0", "sequential"): 15.0,
+                                          ("s1", "async"): 11.0, ("s1", "brax"): 21.6,
+                                          ("s2", "async"): None, ("s2", "brax"): 8.0})
+    ratios = comparison.interpolated_brax_ratios["async"]
+    assert ratios.per_run == pytest.approx({"s0": 15 / 12, "s1": 21.6 / 11, "s2": None})
+    assert ratios.median == pytest.approx((15 / 12 + 21.6 / 11) / 2)
+    spread = comparison.systems["async"].interpolated_wall_seconds_to_threshold
+    assert (spread.median, spread.min, spread.max, spread.count) == (11.5, 11.0, 12.0, 2)
+    # The measured times are unchanged beside it.
+    assert comparison.brax_ratios["async"].median == pytest.approx(19 / 12)
+
+
+def test_interpolated_time_from_the_start_of_training_and_without_a_point_below():
+    # s2's brax to 1.5: the origin (0, 0) -> (8, 3): 4. s0's async to 0.5: its origin is the 900 measured before
+    # training, above 0.5, and its first trained evaluation (4, 1) already reached it: the measured 4, unchanged.
+    seeds = three_seeds()
+    assert interpolated_wall_seconds(seeds["s2"]["brax"], 1.5) == pytest.approx(4.0)
+    assert interpolated_wall_seconds(seeds["s0"]["async"], 0.5) == pytest.approx(4.0)
+    # An evaluation without its clock (results from before the bench stored timings): no estimate.
+    untimed = dict(seeds["s0"]["brax"], eval_done_seconds=[])
+    assert interpolated_wall_seconds(untimed, 3.0) is None
+
+
 def test_default_threshold_is_the_highest_return_every_run_and_system_reached(seed_files):
     # Highest return after training per (run, system): s0 async 5 (its 900 is before training), brax 6,
     # sequential 3.5; s1 async 4.5, brax 5; s2 async 2.5, brax 7 -> the lowest of them, 2.5.
@@ -154,9 +188,14 @@ def test_command_line_writes_report_plot_and_json(seed_files, tmp_path):
     assert saved["systems"]["async"]["wall_seconds_to_threshold"] == {"median": 14.0, "min": 12.0, "max": 16.0,
                                                                       "count": 2}
     assert saved["brax_ratios"]["async"]["median"] == pytest.approx(19 / 12)
+    assert saved["interpolated_brax_ratios"]["async"]["median"] == pytest.approx((15 / 12 + 21.6 / 11) / 2)
+    assert saved["runs"][0]["systems"]["brax"]["interpolated_wall_seconds_to_threshold"] == pytest.approx(15.0)
     markdown = (out / "compare.md").read_text()
     assert "| c | jaxrose asynchronous (actors, lag <= run.max_policy_lag) | not reached | not reached |" in markdown
-    assert "| 2 of 3 | 14.0 (12.0–16.0) |" in markdown
+    assert "| 2 of 3 | 14.0 (12.0–16.0) | 11.5 (11.0–12.0) |" in markdown
+    assert "| a | jaxrose asynchronous (actors, lag <= run.max_policy_lag) | 200 | 12.0 | 12.0 |" in markdown
+    assert "| jaxrose asynchronous (actors, lag <= run.max_policy_lag), interpolated | 1.250 | 1.964 | — | 1.607 |" \
+        in markdown
     assert "| test GPU | abc | 0123456789abcdef | 2026-01-01T00:00:00Z |" in markdown  # which code ran, where
     assert markdown in completed.stdout
     assert (out / "compare.png").stat().st_size > 10_000
