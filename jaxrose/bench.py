@@ -643,13 +643,13 @@ def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
     training began, so each has a time. A stated threshold some system did not reach leaves it no
     time; the times to that highest common return are then added too (`common_threshold_times`,
     the return under `common_return`), so the systems can still be compared."""
-    def times(summary, threshold):  # env steps, seconds at steady rate, seconds measured; None where not reached
+    def times(summary, threshold):  # env steps, seconds at steady rate, measured, interpolated; None: not reached
         reached = [steps for steps, r in trained_evaluations(summary) if r >= threshold]
         if not reached:
-            return None, None, None
+            return None, None, None, None
         rate = summary.get("steady_sps_with_evals")
         return (reached[0], reached[0] / rate if is_finite_number(rate) and rate > 0 else None,
-                _wall_seconds_to(summary, reached[0]))
+                _wall_seconds_to(summary, reached[0]), interpolated_wall_seconds(summary, threshold))
 
     curves = {name: s for name, s in systems.items() if s.get("status") == "ok" and trained_evaluations(s)}
     if not curves:
@@ -659,13 +659,14 @@ def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
     threshold = threshold if stated else common
     for summary in curves.values():
         summary.pop("common_threshold_times", None)
-        summary["steps_to_threshold"], summary["seconds_to_threshold"], summary["wall_seconds_to_threshold"] = (
-            times(summary, threshold))
+        (summary["steps_to_threshold"], summary["seconds_to_threshold"], summary["wall_seconds_to_threshold"],
+         summary["interpolated_wall_seconds_to_threshold"]) = times(summary, threshold)
     used = {"return": threshold, "stated": stated}
     if any(s["steps_to_threshold"] is None for s in curves.values()):
         used["common_return"] = common
         for summary in curves.values():
-            summary["common_threshold_times"] = dict(zip(("steps", "seconds", "wall_seconds"), times(summary, common)))
+            summary["common_threshold_times"] = dict(zip(("steps", "seconds", "wall_seconds", "interpolated_wall_seconds"),
+                                                         times(summary, common)))
     return used
 
 
@@ -704,6 +705,29 @@ def _wall_seconds_to(summary: dict, steps: int) -> Optional[float]:
     return done[steps] - start - max(compile_seconds, 0.0)
 
 
+def interpolated_wall_seconds(summary: dict, threshold: float) -> Optional[float]:
+    """An estimate beside the measured wall clock to `threshold`, which evaluations every few million
+    env steps quantize: where the straight line between the measured (wall clock, return) points either
+    side of the first crossing meets it. The point before the first trained evaluation is the start of
+    training (wall clock 0, the return of the evaluation before training); with nothing measured below
+    the threshold before the crossing, it is the measured time. None where not reached or an evaluation
+    lacks its time."""
+    steps, returns = summary.get("eval_env_steps") or [None], summary.get("eval_returns") or [None]
+    before = (0.0, returns[0]) if steps[0] == 0 and is_finite_number(returns[0]) else None
+    for step, r in trained_evaluations(summary):
+        seconds = _wall_seconds_to(summary, step)
+        if seconds is None:
+            return None
+        if r >= threshold:
+            if before is None or before[1] >= threshold:  # nothing measured below it: the measured time
+                return seconds
+            t0, r0 = before
+            return t0 + (threshold - r0) / (r - r0) * (seconds - t0)
+        before = (seconds, r)
+    return None
+
+
+
 # -- ratios ---------------------------------------------------------------------------------------
 
 RATIOS = (
@@ -740,6 +764,9 @@ RATIOS = (
      "systems.async.seconds_to_threshold"),
     ("time to return threshold, measured wall clock: brax / jaxrose async (speedup)",
      "systems.brax.wall_seconds_to_threshold", "systems.async.wall_seconds_to_threshold"),
+    ("time to return threshold, wall clock interpolated between evaluations (an estimate): brax / jaxrose async "
+     "(speedup)", "systems.brax.interpolated_wall_seconds_to_threshold",
+     "systems.async.interpolated_wall_seconds_to_threshold"),
     ("time to the highest common return (a stated threshold not reached), measured wall clock: brax / jaxrose "
      "async (speedup)", "systems.brax.common_threshold_times.wall_seconds",
      "systems.async.common_threshold_times.wall_seconds"),

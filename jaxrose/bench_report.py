@@ -112,25 +112,31 @@ def render_markdown(results: dict) -> str:
         lines += ["", f"Time to an evaluation return of {threshold['return']:.4g} ({how}). At steady rate: those env "
                       f"steps at the system's steady rate including evaluations. Measured: wall clock from the start "
                       f"of training to the end of that evaluation, less the first iteration's time beyond a median "
-                      f"one's (start-up compilation); compilations mid-run count.", "",
-                  "| system | env steps to threshold | seconds at steady rate | seconds measured |",
-                  "| --- | ---: | ---: | ---: |"]
-        lines += _threshold_rows(timed, ("steps_to_threshold", "seconds_to_threshold", "wall_seconds_to_threshold"))
+                      f"one's (start-up compilation); compilations mid-run count. Interpolated: where the line "
+                      f"between the measured points either side of the crossing meets the threshold (an estimate "
+                      f"beside the measured time, which evaluations every few million env steps quantize).", "",
+                  "| system | env steps to threshold | seconds at steady rate | seconds measured | interpolated |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        lines += _threshold_rows(timed, ("steps_to_threshold", "seconds_to_threshold", "wall_seconds_to_threshold",
+                                         "interpolated_wall_seconds_to_threshold"))
         if "common_return" in threshold:
             lines += ["", f"Not every system reached it; to {threshold['common_return']:.4g}, the highest return "
                           f"every system reached:", "",
-                      "| system | env steps | seconds at steady rate | seconds measured |", "| --- | ---: | ---: | ---: |"]
+                      "| system | env steps | seconds at steady rate | seconds measured | interpolated |",
+                      "| --- | ---: | ---: | ---: | ---: |"]
             lines += _threshold_rows({n: s["common_threshold_times"] for n, s in timed.items()
-                                      if "common_threshold_times" in s}, ("steps", "seconds", "wall_seconds"))
+                                      if "common_threshold_times" in s},
+                                     ("steps", "seconds", "wall_seconds", "interpolated_wall_seconds"))
     lines += ["", *_eval_lines(results), *_tuning_lines(results), *_notes(results), ""]
     return "\n".join(lines)
 
 
-def _threshold_rows(times: dict, keys: tuple[str, str, str]) -> list[str]:
-    """Per system, its env steps, seconds at steady rate and seconds measured, read under `keys`."""
-    steps, seconds, measured = keys
-    return [f"| {SYSTEM_LABELS[n]} | {_fmt(t[steps])} | {_fmt(t[seconds], '.1f')} | {_fmt(t.get(measured), '.1f')} |"
-            for n, t in times.items()]
+def _threshold_rows(times: dict, keys: tuple[str, str, str, str]) -> list[str]:
+    """Per system, its env steps, seconds at steady rate, measured and interpolated, read under `keys`
+    (results from before a key was stored show a dash)."""
+    steps, seconds, measured, interpolated = keys
+    return [f"| {SYSTEM_LABELS[n]} | {_fmt(t[steps])} | {_fmt(t[seconds], '.1f')} | {_fmt(t.get(measured), '.1f')} "
+            f"| {_fmt(t.get(interpolated), '.1f')} |" for n, t in times.items()]
 
 
 def _tuning_lines(results: dict) -> list[str]:

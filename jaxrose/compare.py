@@ -28,7 +28,8 @@ import os
 import statistics
 from typing import Iterable, Optional, Sequence
 
-from jaxrose.bench import _comma_list, _wall_seconds_to, highest_common_return, trained_evaluations
+from jaxrose.bench import (_comma_list, _wall_seconds_to, highest_common_return, interpolated_wall_seconds,
+                           trained_evaluations)
 from jaxrose.bench_report import SYSTEM_LABELS, _fmt, is_finite_number, jsonable
 from jaxrose.config import ConfigError
 
@@ -176,24 +177,6 @@ class Comparison:
 
 def _number(value) -> Optional[float]:
     return value if is_finite_number(value) else None
-
-
-def interpolated_wall_seconds(summary: dict, threshold: float) -> Optional[float]:
-    """The wall clock where the line between the measured points either side of the first crossing
-    meets the threshold (module docstring); None where not reached or an evaluation lacks its time."""
-    steps, returns = summary.get("eval_env_steps") or [None], summary.get("eval_returns") or [None]
-    before = (0.0, returns[0]) if steps[0] == 0 and is_finite_number(returns[0]) else None
-    for step, r in trained_evaluations(summary):
-        seconds = _wall_seconds_to(summary, step)
-        if seconds is None:
-            return None
-        if r >= threshold:
-            if before is None or before[1] >= threshold:  # nothing measured below it: the measured time
-                return seconds
-            t0, r0 = before
-            return t0 + (threshold - r0) / (r - r0) * (seconds - t0)
-        before = (seconds, r)
-    return None
 
 
 def system_times(summary: dict, threshold: float) -> SystemTimes:

@@ -292,8 +292,10 @@ def test_a_stated_threshold_not_reached_has_no_time():
     assert time_to_threshold(systems, 3.0) == {"return": 3.0, "stated": True, "common_return": 2.5}
     assert systems["async"]["steps_to_threshold"] is None and systems["async"]["seconds_to_threshold"] is None
     # ... so the times to the highest return both reached come beside it, as without a stated one.
-    assert systems["brax"]["common_threshold_times"] == {"steps": 200, "seconds": 4.0, "wall_seconds": None}
-    assert systems["async"]["common_threshold_times"] == {"steps": 100, "seconds": 1.0, "wall_seconds": None}
+    assert systems["brax"]["common_threshold_times"] == {"steps": 200, "seconds": 4.0, "wall_seconds": None,
+                                                         "interpolated_wall_seconds": None}  # no clock stored
+    assert systems["async"]["common_threshold_times"] == {"steps": 100, "seconds": 1.0, "wall_seconds": None,
+                                                          "interpolated_wall_seconds": None}
     assert time_to_threshold(systems, 1.0) == {"return": 1.0, "stated": True}  # both reached it: nothing more
     assert "common_threshold_times" not in systems["async"]
 
@@ -346,6 +348,66 @@ def test_measured_wall_time_to_threshold_starts_with_training_and_leaves_out_the
     assert jaxrose["wall_seconds_to_threshold"] == pytest.approx(25.0 - 5.0 - (5.0 - 1.0))
     time_to_threshold(systems, 9.0)  # not reached: no time
     assert brax["wall_seconds_to_threshold"] is None and jaxrose["wall_seconds_to_threshold"] is None
+    assert brax["interpolated_wall_seconds_to_threshold"] is None
+
+
+def test_interpolated_wall_time_to_threshold_lies_between_the_evaluations_either_side():
+    from jaxrose.bench import compute_ratios, time_to_threshold
+    from jaxrose.bench_report import render_markdown
+
+    # On the clocks of the test above: brax's evaluations after training at 20 - 14 = 6 s (return 1) and
+    # 29 - 14 = 15 s (3); jaxrose's at 12 - 8 = 4 s (2) and 25 - 8 = 17 s (3.5); both returned 0 before training.
+    brax = {"status": "ok", "eval_returns": [0.0, 1.0, 3.0], "eval_env_steps": [0, 100, 200],
+            "eval_done_seconds": [10.0, 20.0, 29.0], "epoch_seconds": [6.0, 2.0, 2.0], "compile_seconds": 4.0,
+            "steady_sps_with_evals": 50.0}
+    jaxrose = {"status": "ok", "eval_returns": [0.0, 2.0, 3.5], "eval_env_steps": [0, 100, 200],
+               "eval_done_seconds": [6.0, 12.0, 25.0], "update_start_seconds": [5.0, 9.0, 10.0, 18.0],
+               "update_seconds": [4.0, 1.0, 8.0, 1.0], "steady_sps_with_evals": 100.0}
+    results = {"systems": {"brax": brax, "async": jaxrose}}
+    results["threshold"] = time_to_threshold(results["systems"], 2.0)
+    # brax (6, 1) -> (15, 3): 6 + (2 - 1) / (3 - 1) * 9 = 10.5, measured 15; jaxrose reaches 2 at its first
+    # trained evaluation, so the line runs from training's start (0, 0) to (4, 2): 4, the measured time.
+    assert brax["interpolated_wall_seconds_to_threshold"] == pytest.approx(10.5)
+    assert brax["wall_seconds_to_threshold"] == pytest.approx(15.0)
+    assert jaxrose["interpolated_wall_seconds_to_threshold"] == pytest.approx(4.0)
+    time_to_threshold(results["systems"], 3.0)  # jaxrose (4, 2) -> (17, 3.5): 4 + 1 / 1.5 * 13
+    assert jaxrose["interpolated_wall_seconds_to_threshold"] == pytest.approx(4.0 + 13.0 / 1.5)
+    results["threshold"] = time_to_threshold(results["systems"], 2.0)
+    results["ratios"] = compute_ratios(results)
+    ratios = {r["name"]: r["value"] for r in results["ratios"]}
+    assert ratios["time to return threshold, measured wall clock: brax / jaxrose async (speedup)"] == \
+        pytest.approx(15.0 / 4.0)
+    assert ratios["time to return threshold, wall clock interpolated between evaluations (an estimate): brax / "
+                  "jaxrose async (speedup)"] == pytest.approx(10.5 / 4.0)
+    # The report's threshold table, on a stored H200 run (session 38, seed 1): brax's evaluations after
+    # training returned 2665 at 51.2 s and 3154 at 64.3 s on the measured clock, so 3000 by the line is
+    # 51.2 + (3000 - 2665) / (3154 - 2665) * 13.2 = 60.2 s, against the measured 64.3.
+    import json
+    from pathlib import Path
+
+    stored = json.loads((Path(__file__).parent.parent
+                         / "docs/bench/ant-mlp-h200-50M-vtrace-budget1.6-seed1-fixed-s38/results.json").read_text())
+    stored["threshold"] = time_to_threshold(stored["systems"], 3000.0)
+    stored_brax = stored["systems"]["brax"]
+    measured = stored_brax["wall_seconds_to_threshold"]
+    assert [x for point in brax_row_times(stored_brax) for x in point] == pytest.approx([51.2, 2665, 64.3, 3154],
+                                                                                     abs=0.5)
+    (t0, r0), (t1, r1) = brax_row_times(stored_brax)
+    assert stored_brax["interpolated_wall_seconds_to_threshold"] == pytest.approx(
+        t0 + (3000 - r0) / (r1 - r0) * (t1 - t0))
+    assert measured == pytest.approx(t1)
+    row = f"| brax PPO | 40,632,320 | {stored_brax['seconds_to_threshold']:.1f} | {measured:.1f} | " \
+          f"{stored_brax['interpolated_wall_seconds_to_threshold']:.1f} |"
+    assert row in render_markdown(stored)
+
+
+def brax_row_times(brax: dict) -> list[tuple[float, float]]:
+    """brax's (measured wall clock, return) at its evaluations at 30.5M and 40.6M env steps, by the rule
+    of the test above: the end of the evaluation less the end of the one before training, less the compile."""
+    done = dict(zip(brax["eval_env_steps"], brax["eval_done_seconds"]))
+    returns = dict(zip(brax["eval_env_steps"], brax["eval_returns"]))
+    start = brax["eval_done_seconds"][0] + brax["compile_seconds"]
+    return [(done[steps] - start, returns[steps]) for steps in (30474240, 40632320)]
 
 
 def test_train_settings_after_the_separator_apply_to_every_system():
