@@ -665,8 +665,8 @@ def time_to_threshold(systems: dict, threshold: Optional[float] = None) -> dict:
     if any(s["steps_to_threshold"] is None for s in curves.values()):
         used["common_return"] = common
         for summary in curves.values():
-            summary["common_threshold_times"] = dict(zip(("steps", "seconds", "wall_seconds", "interpolated_wall_seconds"),
-                                                         times(summary, common)))
+            keys = ("steps", "seconds", "wall_seconds", "interpolated_wall_seconds")
+            summary["common_threshold_times"] = dict(zip(keys, times(summary, common)))
     return used
 
 
@@ -725,7 +725,6 @@ def interpolated_wall_seconds(summary: dict, threshold: float) -> Optional[float
             return t0 + (threshold - r0) / (r - r0) * (seconds - t0)
         before = (seconds, r)
     return None
-
 
 
 # -- ratios ---------------------------------------------------------------------------------------

@@ -8,12 +8,10 @@ including evaluations and the final return. Per system over the runs: the median
 and how many runs reached the threshold. Where a run has brax beside another system: brax's wall
 seconds over that system's (the system's speedup), per run and its median.
 
-Evaluations every few million env steps quantize the measured time: a curve that crosses the threshold
-just after one evaluation is timed at the next. Beside it, each time is also given interpolated: where
-the straight line between the measured (wall clock, return) points either side of the crossing meets the
-threshold; the point before the first trained evaluation is the start of training (wall clock 0, the
-return of the evaluation before training). It is derived from the same measurements, labelled as such,
-and never replaces the measured time.
+Evaluations every few million env steps quantize the measured time (a curve that crosses the threshold
+just after one evaluation is timed at the next), so each time is also given interpolated between the
+evaluations either side of the crossing (`bench.interpolated_wall_seconds`): an estimate from the same
+measurements, labelled as such, never in the measured time's place.
 
 `jaxrose compare RUN_A/results.json RUN_B/results.json ... [--labels a,b] [--threshold R] [--out DIR]`
 writes compare.md (tables), compare.png (return against measured wall clock) and compare.json.
@@ -132,7 +130,7 @@ class SystemTimes:
 
     steps_to_threshold: Optional[int]
     wall_seconds_to_threshold: Optional[float]
-    interpolated_wall_seconds_to_threshold: Optional[float]  # see the module's docstring
+    interpolated_wall_seconds_to_threshold: Optional[float]  # bench.interpolated_wall_seconds
     steady_sps_with_evals: Optional[float]
     final_return: Optional[float]
 
