@@ -157,8 +157,8 @@ def _judge_growth(m: Measurements, allocation: Allocation, state: PolicyState, c
     measurement, or shrink it back and make the old size that actor's ceiling."""
     actor, before, throughput = state.trial
     now = m.groups_per_second
-    if m.rollout_seconds[actor] != m.rollout_seconds[actor] or now != now:
-        return allocation, dataclasses.replace(state, streaks=()), []  # no rollout at the new size finished: judge the next
+    if m.rollout_seconds[actor] != m.rollout_seconds[actor] or now != now:  # no rollout at the new size yet
+        return allocation, dataclasses.replace(state, streaks=()), []  # judge the next interval
     size = allocation.groups[actor]
     if not now < config.grow_gain * throughput:  # a reference never measured (nan) cannot undo it
         return None

@@ -326,18 +326,26 @@ def test_the_report_and_ratios_fall_back_to_the_highest_common_return_when_one_m
     assert "to 2935, the highest return every system reached" in render_markdown(results)
 
 
+def clocked_brax() -> dict:
+    """brax evaluates before training (done at 10 s); its first epoch compiled for 4 s: the wall clock to an
+    evaluation is done - 14."""
+    return {"status": "ok", "eval_returns": [0.0, 1.0, 3.0], "eval_env_steps": [0, 100, 200],
+            "eval_done_seconds": [10.0, 20.0, 29.0], "epoch_seconds": [6.0, 2.0, 2.0], "compile_seconds": 4.0,
+            "steady_sps_with_evals": 50.0}
+
+
+def clocked_jaxrose() -> dict:
+    """Training starts with update 0 at 5 s, which took 3 s beyond the median 1 s: the wall clock to an
+    evaluation is done - 8; a 7 s stall mid-run (a recompile) counts."""
+    return {"status": "ok", "eval_returns": [0.0, 2.0, 3.5], "eval_env_steps": [0, 100, 200],
+            "eval_done_seconds": [6.0, 12.0, 25.0], "update_start_seconds": [5.0, 9.0, 10.0, 18.0],
+            "update_seconds": [4.0, 1.0, 8.0, 1.0], "steady_sps_with_evals": 100.0}
+
+
 def test_measured_wall_time_to_threshold_starts_with_training_and_leaves_out_the_start_up_compile():
     from jaxrose.bench import time_to_threshold
 
-    # brax evaluates before training (done at 10 s); its first epoch compiled for 4 s.
-    brax = {"status": "ok", "eval_returns": [0.0, 1.0, 3.0], "eval_env_steps": [0, 100, 200],
-            "eval_done_seconds": [10.0, 20.0, 29.0], "epoch_seconds": [6.0, 2.0, 2.0], "compile_seconds": 4.0,
-            "steady_sps_with_evals": 50.0}
-    # jaxrose: training starts with update 0 at 5 s, which took 3 s beyond the median 1 s; a 7 s stall
-    # mid-run (a recompile) counts.
-    jaxrose = {"status": "ok", "eval_returns": [0.0, 2.0, 3.5], "eval_env_steps": [0, 100, 200],
-               "eval_done_seconds": [6.0, 12.0, 25.0], "update_start_seconds": [5.0, 9.0, 10.0, 18.0],
-               "update_seconds": [4.0, 1.0, 8.0, 1.0], "steady_sps_with_evals": 100.0}
+    brax, jaxrose = clocked_brax(), clocked_jaxrose()
     systems = {"brax": brax, "async": jaxrose}
     time_to_threshold(systems, 3.0)
     assert brax["wall_seconds_to_threshold"] == pytest.approx(29.0 - 10.0 - 4.0)
@@ -355,14 +363,9 @@ def test_interpolated_wall_time_to_threshold_lies_between_the_evaluations_either
     from jaxrose.bench import compute_ratios, time_to_threshold
     from jaxrose.bench_report import render_markdown
 
-    # On the clocks of the test above: brax's evaluations after training at 20 - 14 = 6 s (return 1) and
-    # 29 - 14 = 15 s (3); jaxrose's at 12 - 8 = 4 s (2) and 25 - 8 = 17 s (3.5); both returned 0 before training.
-    brax = {"status": "ok", "eval_returns": [0.0, 1.0, 3.0], "eval_env_steps": [0, 100, 200],
-            "eval_done_seconds": [10.0, 20.0, 29.0], "epoch_seconds": [6.0, 2.0, 2.0], "compile_seconds": 4.0,
-            "steady_sps_with_evals": 50.0}
-    jaxrose = {"status": "ok", "eval_returns": [0.0, 2.0, 3.5], "eval_env_steps": [0, 100, 200],
-               "eval_done_seconds": [6.0, 12.0, 25.0], "update_start_seconds": [5.0, 9.0, 10.0, 18.0],
-               "update_seconds": [4.0, 1.0, 8.0, 1.0], "steady_sps_with_evals": 100.0}
+    # brax's evaluations after training at 20 - 14 = 6 s (return 1) and 29 - 14 = 15 s (3); jaxrose's at
+    # 12 - 8 = 4 s (2) and 25 - 8 = 17 s (3.5); both returned 0 before training.
+    brax, jaxrose = clocked_brax(), clocked_jaxrose()
     results = {"systems": {"brax": brax, "async": jaxrose}}
     results["threshold"] = time_to_threshold(results["systems"], 2.0)
     # brax (6, 1) -> (15, 3): 6 + (2 - 1) / (3 - 1) * 9 = 10.5, measured 15; jaxrose reaches 2 at its first
@@ -403,7 +406,7 @@ def test_interpolated_wall_time_to_threshold_lies_between_the_evaluations_either
 
 def brax_row_times(brax: dict) -> list[tuple[float, float]]:
     """brax's (measured wall clock, return) at its evaluations at 30.5M and 40.6M env steps, by the rule
-    of the test above: the end of the evaluation less the end of the one before training, less the compile."""
+    of `clocked_brax`: the end of the evaluation less the end of the one before training, less the compile."""
     done = dict(zip(brax["eval_env_steps"], brax["eval_done_seconds"]))
     returns = dict(zip(brax["eval_env_steps"], brax["eval_returns"]))
     start = brax["eval_done_seconds"][0] + brax["compile_seconds"]
