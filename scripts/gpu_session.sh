@@ -71,6 +71,8 @@
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 #   bg      NAME ARGS...: starts `jaxrose ARGS...` detached (setsid) in /tmp/bg/NAME, for a run longer than one
 #           call; it lives while the machine stays warm, so issue `collect` at once after each call returns
+#   ceiling [PRESET] [ENVS] [SECONDS]: the simulation ceiling (sim system, 5 repeats) at each env count in ENVS
+#           (default "8192 16384 32768"), each bounded by SECONDS (default 120); ceiling.tar.gz rewritten after each
 #   collect NAME [SECONDS]: waits up to SECONDS (default 570) for that run, prints its [bench] lines and brings
 #           back its folder as NAME.tar.gz (partial while it runs); exit 3 while it is still running, exit 4 at once
 #           when the run is not on this machine (a fresh machine: the warm one went back between calls)
@@ -257,6 +259,13 @@ case "${1:?stage}" in
           --set "SEEDS=${3:-[0]}" --out "$out/notebooks" notebooks/quickstart.ipynb notebooks/custom_algorithm.ipynb \
           notebooks/ablations.ipynb 2>&1 | tee "$out/notebooks.log" | grep "^\[notebook\]"
         rm -rf "$out"/notebooks/*/runs/compile-cache; find "$out/notebooks" -type d -name checkpoints -prune -exec rm -rf {} + ;;
+  ceiling) # [PRESET] [ENVS] [SECONDS]: one bench of the sim system per env count, the bundle rewritten after each
+        mkdir -p /tmp/ceiling; for n in ${3:-8192 16384 32768}; do
+          timeout "${4:-120}" python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --systems sim --repeats 5 \
+            --out "/tmp/ceiling/sim$n" -- --env.num-envs "$n" > "/tmp/ceiling/sim$n.log" 2>&1 \
+            || echo "ceiling at $n envs: exit $? (124: past ${4:-120} s)"
+          grep "\[bench\]" "/tmp/ceiling/sim$n.log"; tar -czf "$out/ceiling.tar.gz" -C /tmp ceiling
+        done ;;
   collect) name=${2:?name}; deadline=$(( $(date +%s) + ${3:-570} ))
       # A machine given back between calls (30 s idle) comes back bare: fail at once rather than wait out the deadline
       if [ ! -d "/tmp/bg/$name" ]; then
