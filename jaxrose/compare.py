@@ -8,6 +8,13 @@ including evaluations and the final return. Per system over the runs: the median
 and how many runs reached the threshold. Where a run has brax beside another system: brax's wall
 seconds over that system's (the system's speedup), per run and its median.
 
+Per-run ratios drop the runs where either system missed the threshold, and pair runs that share only a
+seed. So each system is also set against brax unpaired, over all runs: brax's median time over the
+system's, a run that never reached the threshold counted slower than every run that did (the median is
+then defined while fewer than half the runs missed it), with a 95% bootstrap interval that resamples each
+system's runs on its own (`median_time_ratio`). With the handful of seeds a GPU session affords, the
+interval says how little the median pins down.
+
 Evaluations every few million env steps quantize the measured time (a curve that crosses the threshold
 just after one evaluation is timed at the next), so each time is also given interpolated between the
 evaluations either side of the crossing (`bench.interpolated_wall_seconds`): an estimate from the same
@@ -23,8 +30,11 @@ import argparse
 import dataclasses
 import json
 import os
+import math
 import statistics
 from typing import Iterable, Optional, Sequence
+
+import numpy as np
 
 from jaxrose.bench import (_comma_list, _wall_seconds_to, highest_common_return, interpolated_wall_seconds,
                            trained_evaluations)
@@ -163,6 +173,26 @@ class BraxRatio:
 
 
 @dataclasses.dataclass(frozen=True)
+class MedianTimeRatio:
+    """brax's median wall seconds to the threshold over a system's, each over all its timed runs,
+    unpaired; a run that never reached the threshold counts as slower than any that did (+inf), so a
+    median is +inf when half or more of the runs missed it, and the ratio is then 0 (the system's) or
+    +inf (brax's), None where both are. low and high bound the 95% percentile bootstrap interval over
+    the resamples whose ratio is defined; undefined_fraction is the share that was not (both medians
+    a miss). No interval below 2 runs a system or without a ratio."""
+
+    brax_runs: int
+    system_runs: int
+    brax_median_seconds: float
+    system_median_seconds: float
+    ratio: Optional[float]
+    low: Optional[float]
+    high: Optional[float]
+    undefined_fraction: Optional[float]
+    resamples: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Comparison:
     threshold: float
     stated: bool
@@ -171,6 +201,7 @@ class Comparison:
     systems: dict[str, SystemAcrossRuns]  # in order of first appearance
     brax_ratios: dict[str, BraxRatio]  # other system -> ratio
     interpolated_brax_ratios: dict[str, BraxRatio]  # the same over the interpolated times
+    median_time_ratios: dict[str, MedianTimeRatio]  # other system -> brax's median time over its, all runs
 
 
 def _number(value) -> Optional[float]:
@@ -211,6 +242,50 @@ def _brax_ratio(times: dict[str, dict[str, SystemTimes]], system: str,
     return BraxRatio(per_run, statistics.median(ratios) if ratios else None)
 
 
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0  # a fixed stream: the same files give the same interval
+
+
+def _ratio(brax_seconds, system_seconds):
+    """Elementwise brax / system over +inf-for-a-miss medians: a missing system gives 0, a missing brax
+    +inf, both nan (which is slower is unknown)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(brax_seconds, dtype=float) / np.asarray(system_seconds, dtype=float)
+
+
+def median_time_ratio(brax_seconds: Sequence[Optional[float]], system_seconds: Sequence[Optional[float]],
+                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> MedianTimeRatio:
+    """brax's median time over the system's, None standing for a run that missed the threshold, and a
+    stratified percentile bootstrap of it (each system's runs resampled on their own, as rliable does
+    for scores). Hand-written rather than scipy.stats.bootstrap: a miss is +inf, and resamples where
+    both medians are one give no ratio, which scipy's interval cannot leave out and count."""
+    brax = np.array([math.inf if s is None else s for s in brax_seconds], dtype=float)
+    system = np.array([math.inf if s is None else s for s in system_seconds], dtype=float)
+    if not len(brax) or not len(system):
+        raise ValueError("median_time_ratio needs at least one run of each system")
+    brax_median, system_median = float(np.median(brax)), float(np.median(system))
+    ratio = float(_ratio(brax_median, system_median))
+    ratio = None if math.isnan(ratio) else ratio
+    low = high = undefined = None
+    if ratio is not None and min(len(brax), len(system)) >= 2:
+        rng = np.random.default_rng(seed)
+        ratios = _ratio(np.median(brax[rng.integers(0, len(brax), (resamples, len(brax)))], axis=1),
+                        np.median(system[rng.integers(0, len(system), (resamples, len(system)))], axis=1))
+        defined = ratios[~np.isnan(ratios)]
+        undefined = 1.0 - len(defined) / resamples
+        # inverted_cdf: quantiles taken among the resampled ratios, never between them (0 and +inf included)
+        low, high = (float(q) for q in np.quantile(defined, (0.025, 0.975), method="inverted_cdf"))
+    return MedianTimeRatio(len(brax), len(system), brax_median, system_median, ratio, low, high, undefined,
+                           resamples)
+
+
+def _timed_seconds(times: dict[str, dict[str, SystemTimes]], system: str) -> list[Optional[float]]:
+    """A system's seconds to the threshold over the runs, None for a miss; runs that reached it without
+    a stored clock (results from before the bench kept timings) left out."""
+    return [t[system].wall_seconds_to_threshold for t in times.values() if system in t
+            and (t[system].steps_to_threshold is None or t[system].wall_seconds_to_threshold is not None)]
+
+
 def compare(runs: Sequence[BenchRun], threshold: Optional[float] = None) -> Comparison:
     curves = [summary for run in runs for summary in run.curves.values()]
     if not curves:
@@ -226,7 +301,10 @@ def compare(runs: Sequence[BenchRun], threshold: Optional[float] = None) -> Comp
               and any("brax" in t and name in t for t in times.values())]
     brax_ratios = {name: _brax_ratio(times, name) for name in paired}
     interpolated = {name: _brax_ratio(times, name, "interpolated_wall_seconds_to_threshold") for name in paired}
-    return Comparison(threshold, stated, tuple(runs), times, systems, brax_ratios, interpolated)
+    seconds = {name: _timed_seconds(times, name) for name in names}
+    unpaired = {name: median_time_ratio(seconds["brax"], seconds[name]) for name in paired
+                if seconds["brax"] and seconds[name]}
+    return Comparison(threshold, stated, tuple(runs), times, systems, brax_ratios, interpolated, unpaired)
 
 
 # -- outputs --------------------------------------------------------------------------------------
@@ -295,7 +373,38 @@ def render_markdown(comparison: Comparison) -> str:
                                (comparison.interpolated_brax_ratios[name], ", interpolated")):
                 cells = [_fmt(ratio.per_run[label], ".3f") if label in ratio.per_run else "" for label in labels]
                 lines.append(f"| {_label(name)}{how} | {' | '.join(cells)} | {_fmt(ratio.median, '.3f')} |")
+    if comparison.median_time_ratios:
+        lines += ["", "### brax's median wall-clock seconds to the threshold over each system's, all runs, unpaired", "",
+                  "A run that missed the threshold counts as slower than every run that reached it; the interval "
+                  f"is the 95% percentile bootstrap, each system's runs resampled on their own "
+                  f"({BOOTSTRAP_RESAMPLES:,} resamples), over the resamples where at most one median is a miss.", "",
+                  "| system | runs: brax / system | brax median s | system median s | brax / system "
+                  "| 95% interval | resamples without a ratio |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for name, r in comparison.median_time_ratios.items():
+            interval = "—" if r.low is None else f"{_fmt_ratio(r.low)}–{_fmt_ratio(r.high)}"
+            undefined = "—" if r.undefined_fraction is None else f"{r.undefined_fraction:.1%}"
+            lines.append(f"| {_label(name)} | {r.brax_runs} / {r.system_runs} | {_fmt_median(r.brax_median_seconds)} "
+                         f"| {_fmt_median(r.system_median_seconds)} "
+                         f"| {'—' if r.ratio is None else _fmt_ratio(r.ratio)} | {interval} | {undefined} |")
     return "\n".join(lines) + "\n"
+
+
+def _fmt_median(seconds: float) -> str:
+    return "not reached" if math.isinf(seconds) else f"{seconds:.1f}"
+
+
+def _fmt_ratio(ratio: float) -> str:
+    return "∞" if math.isinf(ratio) else f"{ratio:.3f}"
+
+
+def _median_time_ratio_json(r: MedianTimeRatio) -> dict:
+    """+inf spelled out (jsonable would make it null): a median 'not reached', a bound 'inf'."""
+    as_dict = dataclasses.asdict(r)
+    for key in ("brax_median_seconds", "system_median_seconds"):
+        as_dict[key] = "not reached" if math.isinf(as_dict[key]) else as_dict[key]
+    for key in ("ratio", "low", "high"):
+        as_dict[key] = "inf" if as_dict[key] is not None and math.isinf(as_dict[key]) else as_dict[key]
+    return as_dict
 
 
 def to_json(comparison: Comparison) -> dict:
@@ -306,7 +415,9 @@ def to_json(comparison: Comparison) -> dict:
                      "systems": {name: dataclasses.asdict(s) for name, s in comparison.systems.items()},
                      "brax_ratios": {name: dataclasses.asdict(r) for name, r in comparison.brax_ratios.items()},
                      "interpolated_brax_ratios": {name: dataclasses.asdict(r)
-                                                  for name, r in comparison.interpolated_brax_ratios.items()}})
+                                                  for name, r in comparison.interpolated_brax_ratios.items()},
+                     "median_time_ratios": {name: _median_time_ratio_json(r)
+                                            for name, r in comparison.median_time_ratios.items()}})
 
 
 def wall_clock_curve(summary: dict) -> list[tuple[float, float]]:

@@ -2,7 +2,9 @@
 stored H200 run against `bench.time_to_threshold` and BENCHMARKS.md, end to end, and its errors."""
 
 import copy
+import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from jaxrose.cli import main as cli_main
-from jaxrose.compare import CompareConfig, compare, interpolated_wall_seconds, load_runs, wall_clock_curve
+from jaxrose.compare import (CompareConfig, compare, interpolated_wall_seconds, load_runs, median_time_ratio,
+                              wall_clock_curve)
+from jaxrose.compare import _median_time_ratio_json as to_json_median_time_ratio
 from jaxrose.config import ConfigError
 
 REPO = Path(__file__).parent.parent
@@ -123,6 +127,89 @@ def test_brax_over_each_system_per_run_and_its_median(seed_files):
     assert "brax" not in ratios
 
 
+def test_median_times_over_all_runs_count_a_miss_as_slower_than_any_reached(seed_files):
+    ratios = compare(load_runs(CompareConfig(tuple(seed_files))), threshold=3.0).median_time_ratios
+    # brax 20, 24, 8 -> median 20; async 12, 16 and s2's miss (+inf) -> median 16: 20 / 16 (the paired
+    # median above, 19/12, drops s2 instead).
+    run_async = ratios["async"]
+    assert (run_async.brax_runs, run_async.system_runs) == (3, 3)
+    assert (run_async.brax_median_seconds, run_async.system_median_seconds, run_async.ratio) == (20.0, 16.0, 1.25)
+    # Sequential ran in s0 only (18 s): one run gives a ratio, no interval.
+    sequential = ratios["sequential"]
+    assert (sequential.ratio, sequential.low, sequential.high) == (pytest.approx(20 / 18), None, None)
+    assert set(ratios) == {"async", "sequential"}
+
+
+def test_runs_that_reached_the_threshold_without_a_clock_are_left_out_of_the_median_times(tmp_path):
+    # s0's brax from before the bench stored evaluation times: it reached 3 (at 200) but has no seconds, so
+    # it is neither a time nor a miss. brax 24 (s1), 8 (s2) -> median 16; async 12, 16, miss -> 16.
+    seeds = three_seeds()
+    seeds["s0"]["brax"] = dict(seeds["s0"]["brax"], eval_done_seconds=[])
+    files = [str(write_results(tmp_path / label, systems)) for label, systems in seeds.items()]
+    comparison = compare(load_runs(CompareConfig(tuple(files))), threshold=3.0)
+    assert comparison.times["s0"]["brax"].steps_to_threshold == 200
+    ratio = comparison.median_time_ratios["async"]
+    assert (ratio.brax_runs, ratio.system_runs, ratio.brax_median_seconds, ratio.ratio) == (2, 3, 16.0, 1.0)
+    # Unpaired: sequential's one run (s0, 18 s) against brax's timed runs, though not the one beside it.
+    assert comparison.median_time_ratios["sequential"].ratio == pytest.approx(16 / 18)
+
+
+def exact_bootstrap(brax, system):
+    """Every ordered resample of each system's runs, equally likely: the bootstrap's exact distribution of
+    brax's median over the system's (misses +inf); returns the sorted defined ratios and the undefined share."""
+    brax = [math.inf if s is None else s for s in brax]
+    system = [math.inf if s is None else s for s in system]
+    ratios = []
+    for b in itertools.product(brax, repeat=len(brax)):
+        for s in itertools.product(system, repeat=len(system)):
+            b_median, s_median = sorted(b), sorted(s)
+            b_median = (b_median[(len(b) - 1) // 2] + b_median[len(b) // 2]) / 2
+            s_median = (s_median[(len(s) - 1) // 2] + s_median[len(s) // 2]) / 2
+            ratios.append(None if math.isinf(b_median) and math.isinf(s_median) else b_median / s_median)
+    defined = sorted(r for r in ratios if r is not None)
+    return defined, 1 - len(defined) / len(ratios)
+
+
+def inverted_cdf_quantile(sorted_values, q):
+    """The smallest value whose cumulative share reaches q, and how far that share is from q at the
+    nearest step (the margin a 10,000-resample estimate needs to land on the same value)."""
+    n = len(sorted_values)
+    index = math.ceil(q * n) - 1
+    value = sorted_values[index]
+    below = sum(v < value for v in sorted_values) / n
+    at_or_below = sum(v <= value for v in sorted_values) / n
+    return value, min(q - below, at_or_below - q)
+
+
+@pytest.mark.parametrize("brax, system", [
+    ([20.0, 24.0, 8.0], [12.0, 16.0, 10.0, 14.0]),  # all reached: a finite interval
+    ([20.0, 24.0, 8.0], [12.0, 16.0, None]),  # a system's miss: its median can be the miss (ratio 0)
+    ([10.0, 20.0, None], [5.0, None, 8.0]),  # misses in both: some resamples have no ratio
+])
+def test_bootstrap_interval_matches_the_exactly_enumerated_bootstrap(brax, system):
+    result = median_time_ratio(brax, system)
+    defined, undefined = exact_bootstrap(brax, system)
+    for q, bound in ((0.025, result.low), (0.975, result.high)):
+        value, margin = inverted_cdf_quantile(defined, q)
+        assert margin > 0.008, "a quantile this near a step could differ by resampling (sd ~0.0016)"
+        assert bound == pytest.approx(value)
+    assert result.undefined_fraction == pytest.approx(undefined, abs=0.01)  # 10,000 resamples: sd ~0.0025
+    assert median_time_ratio(brax, system) == result  # a fixed stream: the same runs, the same interval
+
+
+def test_median_time_ratio_when_half_the_runs_missed():
+    # Two of four brax runs missed: its median averages a miss, +inf, so brax counts slower (ratio +inf);
+    # two of four of each: which is slower is unknown, no ratio and no interval.
+    brax_missed = median_time_ratio([10.0, None, 12.0, None], [5.0, 6.0, 7.0, 8.0])
+    assert math.isinf(brax_missed.brax_median_seconds) and math.isinf(brax_missed.ratio)
+    system_missed = median_time_ratio([10.0, 11.0], [None, 4.0])
+    assert system_missed.ratio == 0.0
+    assert json.loads(json.dumps(to_json_median_time_ratio(brax_missed)))["brax_median_seconds"] == "not reached"
+    assert json.loads(json.dumps(to_json_median_time_ratio(brax_missed)))["ratio"] == "inf"
+    both = median_time_ratio([10.0, None], [None, 4.0])
+    assert (both.ratio, both.low, both.high, both.undefined_fraction) == (None, None, None, None)
+
+
 def test_interpolated_time_is_where_the_line_between_the_evaluations_either_side_meets_the_threshold(seed_files):
     comparison = compare(load_runs(CompareConfig(tuple(seed_files))), threshold=3.0)
     interpolated = {(label, name): t.interpolated_wall_seconds_to_threshold
@@ -190,12 +277,18 @@ def test_command_line_writes_report_plot_and_json(seed_files, tmp_path):
     assert saved["brax_ratios"]["async"]["median"] == pytest.approx(19 / 12)
     assert saved["interpolated_brax_ratios"]["async"]["median"] == pytest.approx((15 / 12 + 21.6 / 11) / 2)
     assert saved["runs"][0]["systems"]["brax"]["interpolated_wall_seconds_to_threshold"] == pytest.approx(15.0)
+    # brax 20, 24, 8 over async 12, 16, a miss: 20 / 16; the interval's ends from the enumerated bootstrap (a
+    # resampled async median is a miss in 7 of 27 draws, ratio 0, and brax's 24 over async's 12 is the top, 2).
+    unpaired = saved["median_time_ratios"]["async"]
+    assert (unpaired["ratio"], unpaired["low"], unpaired["high"]) == (1.25, 0.0, 2.0)
     markdown = (out / "compare.md").read_text()
     assert "| c | jaxrose asynchronous (actors, lag <= run.max_policy_lag) | not reached | not reached |" in markdown
     assert "| 2 of 3 | 14.0 (12.0–16.0) | 11.5 (11.0–12.0) |" in markdown
     assert "| a | jaxrose asynchronous (actors, lag <= run.max_policy_lag) | 200 | 12.0 | 12.0 |" in markdown
     assert "| jaxrose asynchronous (actors, lag <= run.max_policy_lag), interpolated | 1.250 | 1.964 | — | 1.607 |" \
         in markdown
+    assert "| jaxrose asynchronous (actors, lag <= run.max_policy_lag) | 3 / 3 | 20.0 | 16.0 | 1.250 | 0.000–2.000 " \
+        "| 0.0% |" in markdown
     assert "| test GPU | abc | 0123456789abcdef | 2026-01-01T00:00:00Z |" in markdown  # which code ran, where
     assert markdown in completed.stdout
     assert (out / "compare.png").stat().st_size > 10_000
