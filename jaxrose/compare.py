@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import math
+import os
 import statistics
 from typing import Iterable, Optional, Sequence
 
@@ -374,7 +374,8 @@ def render_markdown(comparison: Comparison) -> str:
                 cells = [_fmt(ratio.per_run[label], ".3f") if label in ratio.per_run else "" for label in labels]
                 lines.append(f"| {_label(name)}{how} | {' | '.join(cells)} | {_fmt(ratio.median, '.3f')} |")
     if comparison.median_time_ratios:
-        lines += ["", "### brax's median wall-clock seconds to the threshold over each system's, all runs, unpaired", "",
+        lines += ["", "### brax's median wall-clock seconds to the threshold over each system's, all runs, unpaired",
+                  "",
                   "A run that missed the threshold counts as slower than every run that reached it; the interval "
                   f"is the 95% percentile bootstrap, each system's runs resampled on their own "
                   f"({BOOTSTRAP_RESAMPLES:,} resamples), over the resamples where at most one median is a miss.", "",
