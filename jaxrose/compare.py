@@ -32,6 +32,7 @@ import json
 import math
 import os
 import statistics
+import warnings
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -286,6 +287,18 @@ def _timed_seconds(times: dict[str, dict[str, SystemTimes]], system: str) -> lis
             and (t[system].steps_to_threshold is None or t[system].wall_seconds_to_threshold is not None)]
 
 
+def mixed_devices(runs: Sequence[BenchRun]) -> Optional[str]:
+    """A warning when the runs ran on more than one kind of device: their wall-clock times (and the
+    medians over them) then mix machines, and only ratios within a run still compare like with like."""
+    kinds = [run.results.get("meta", {}).get("device_kind") or "unknown device" for run in runs]
+    if len(set(kinds)) < 2:
+        return None
+    counts = ", ".join(f"{kind} ×{kinds.count(kind)}" for kind in dict.fromkeys(kinds))
+    return (f"the runs ran on different devices ({counts}): times and the medians over runs mix machines; the "
+            f"per-run ratios (brax beside each system in one run) still compare like with like. Compare the runs "
+            f"of one device to read times.")
+
+
 def compare(runs: Sequence[BenchRun], threshold: Optional[float] = None) -> Comparison:
     curves = [summary for run in runs for summary in run.curves.values()]
     if not curves:
@@ -341,6 +354,9 @@ def render_markdown(comparison: Comparison) -> str:
                      f"| {meta.get('source_digest', '—')} | {meta.get('date_utc', '—')} |")
     lines += [""] + [f"- {run.label}: `{run.results.get('meta', {}).get('command', 'unknown command')}`"
                      for run in comparison.runs]
+    mixed = mixed_devices(comparison.runs)
+    if mixed:
+        lines += ["", f"**Warning:** {mixed}"]
     lines += ["", "### Per run", "",
               "| run | system | env steps to threshold | wall-clock s to threshold | interpolated s "
               "| steps/s incl. evals | final return |",
@@ -476,6 +492,9 @@ def write_outputs(comparison: Comparison, out_dir: str) -> None:
 def main(args: list[str]) -> None:
     config = parse_args(args)
     comparison = compare(load_runs(config), config.threshold)
+    mixed = mixed_devices(comparison.runs)
+    if mixed:
+        warnings.warn(f"jaxrose compare: {mixed}", stacklevel=2)
     write_outputs(comparison, config.out)
     print(render_markdown(comparison))
     print(f"outputs: {os.path.abspath(config.out)} (compare.md, compare.png, compare.json)")

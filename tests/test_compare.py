@@ -13,7 +13,7 @@ import pytest
 
 from jaxrose.cli import main as cli_main
 from jaxrose.compare import (CompareConfig, compare, interpolated_wall_seconds, load_runs, median_time_ratio,
-                              wall_clock_curve)
+                              mixed_devices, render_markdown, wall_clock_curve)
 from jaxrose.compare import _median_time_ratio_json as to_json_median_time_ratio
 from jaxrose.config import ConfigError
 
@@ -152,6 +152,22 @@ def test_runs_that_reached_the_threshold_without_a_clock_are_left_out_of_the_med
     assert (ratio.brax_runs, ratio.system_runs, ratio.brax_median_seconds, ratio.ratio) == (2, 3, 16.0, 1.0)
     # Unpaired: sequential's one run (s0, 18 s) against brax's timed runs, though not the one beside it.
     assert comparison.median_time_ratios["sequential"].ratio == pytest.approx(16 / 18)
+
+
+def test_runs_on_different_devices_are_flagged(tmp_path):
+    seeds = three_seeds()
+    files = [write_results(tmp_path / label, systems) for label, systems in seeds.items()]
+    same = compare(load_runs(CompareConfig(tuple(map(str, files)))), threshold=3.0)
+    assert mixed_devices(same.runs) is None and "**Warning:**" not in render_markdown(same)
+    saved = json.loads(files[2].read_text())
+    saved["meta"]["device_kind"] = "other GPU"
+    files[2].write_text(json.dumps(saved))
+    mixed = compare(load_runs(CompareConfig(tuple(map(str, files)))), threshold=3.0)
+    assert "different devices (test GPU ×2, other GPU ×1)" in mixed_devices(mixed.runs)
+    assert "**Warning:** the runs ran on different devices (test GPU ×2, other GPU ×1)" in render_markdown(mixed)
+    completed = subprocess.run([sys.executable, "-m", "jaxrose.cli", "compare", *map(str, files), "--threshold", "3",
+                                "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)
+    assert completed.returncode == 0 and "different devices" in completed.stderr
 
 
 def exact_bootstrap(brax, system):
