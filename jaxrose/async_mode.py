@@ -47,9 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrose import distribution
 from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.async_actor import groups_of, resize_label, rollout_label, run_actor, trajectory_groups
+from jaxrose.ppo_program import learner_batch
 from jaxrose.precompile import Precompiler
 from jaxrose.transport import publish, take
 from jaxrose.workers import Worker, WorkerError
@@ -264,7 +264,7 @@ class AsyncTrainer:
         # One program for every batch: with a lag bound above 0 every batch gets the proximal policy's
         # log-probs (at lag 0 they equal the behaviour's up to rounding); a second variant would
         # compile again mid-run, the first time a batch arrives at lag 0.
-        self._prepare = jax.jit(functools.partial(self._batch, stale=max_lag > 0))
+        self._prepare = jax.jit(functools.partial(learner_batch, self.executor.net, stale=max_lag > 0))
         self._learner_delay = learner_delay
         resources = config.run.resources
         managed = resources.group_levels if resources.manager == "on" else ()
@@ -402,16 +402,6 @@ class AsyncTrainer:
         if self._sent_version[index] < version:
             self.actors[index].send(("params", version, *host_params))
             self._sent_version[index] = version
-
-    def _batch(self, unrolls: dict, learner, stale: bool):
-        """The learner batch of a trajectory (jitted per shape); a stale one gets the proximal policy's log-probs."""
-        from jaxrose.ppo_program import to_batch
-
-        batch, stats = to_batch(unrolls)
-        if stale:
-            logits = self.executor.net.policy_logits(learner.params, learner.normalizer, batch.obs)
-            batch = batch.replace(proximal_log_prob=distribution.log_prob(logits, batch.raw_action))
-        return batch, stats
 
     def _finite_trajectories(self, taken: list, version: int, nonfinite, skipped: list) -> list:
         """The (actor, rollout) pairs in `taken` whose trajectory is finite. A non-finite one stops

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -61,7 +62,7 @@ def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled",
                    env=None) -> LagRun:
     """Trains `config` for its env-step budget, each update on a trajectory `lag` updates stale."""
     from jaxrose.evaluation import evaluation_key, make_evaluate
-    from jaxrose.ppo_program import rollout_nodes, to_batch
+    from jaxrose.ppo_program import learner_batch, rollout_nodes
     from jaxrose.program import Program, run_program
     from jaxrose.sequential import SequentialExecutor
 
@@ -80,17 +81,9 @@ def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled",
         out = run_program(rollout, {"params": params, "normalizer": normalizer, "env_state": env_state, "key": key})
         return out["env_state"], out["key"], out["unrolls"]
 
-    @jax.jit
-    def prepare(unrolls, learner):
-        # As the asynchronous learner does (`AsyncTrainer._batch`): a stale batch gets the log-probs of
-        # the learner's policy at the update's start; at lag 0 the batch is PPO's as the program builds it.
-        batch, _ = to_batch(unrolls)
-        if lag:
-            from jaxrose import distribution
-
-            logits = net.policy_logits(learner.params, learner.normalizer, batch.obs)
-            batch = batch.replace(proximal_log_prob=distribution.log_prob(logits, batch.raw_action))
-        return batch
+    # As the asynchronous learner does: a stale batch gets the log-probs of the learner's policy at the
+    # update's start; at lag 0 the batch is PPO's as the program builds it.
+    prepare = jax.jit(functools.partial(learner_batch, net, stale=lag > 0))
 
     update = jax.jit(executor.learner.update)
     evaluate = jax.jit(make_evaluate(executor.env, net, config.run.num_eval_envs, config.env.episode_length,
@@ -112,7 +105,7 @@ def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled",
     for iteration in range(1, config.num_iterations + 1):
         version, params, normalizer = recent[0]
         env_state, key, unrolls = collect(params, normalizer, env_state, key)
-        learner, metrics = update(learner, prepare(unrolls, learner))
+        learner, metrics = update(learner, prepare(unrolls, learner)[0])
         recent.append((iteration, learner.params, learner.normalizer))
         run.behaviour_versions.append(version)
         weight, clip_fraction = jax.device_get((metrics["off_policy_weight"], metrics["clip_fraction"]))

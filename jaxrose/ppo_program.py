@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrose import normalization
+from jaxrose import distribution, normalization
 from jaxrose.config import PPOConfig, TrainConfig
 from jaxrose.networks import ActorCritic
 from jaxrose.ppo import Batch, Learner, LearnerState, make_optimizer, ppo_loss
@@ -103,6 +103,17 @@ def to_batch(unrolls: dict) -> tuple[Batch, dict]:
     stats = {"episodes": finished,
              "episode_return": jnp.sum(ep_return * done) / jnp.maximum(finished, 1.0),
              "episode_length": jnp.sum(ep_length * done) / jnp.maximum(finished, 1.0)}
+    return batch, stats
+
+
+def learner_batch(net: ActorCritic, unrolls: dict, learner: LearnerState, stale: bool) -> tuple[Batch, dict]:
+    """The asynchronous learner's batch of a trajectory, plus episode stats. A `stale` one (collected
+    with older parameters) gets the log-probs of the learner's policy at the update's start, the
+    proximal policy of the decoupled loss; otherwise it is PPO's batch as the program builds it."""
+    batch, stats = to_batch(unrolls)
+    if stale:
+        logits = net.policy_logits(learner.params, learner.normalizer, batch.obs)
+        batch = batch.replace(proximal_log_prob=distribution.log_prob(logits, batch.raw_action))
     return batch, stats
 
 

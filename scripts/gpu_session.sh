@@ -71,6 +71,9 @@
 #   faults  [CASES] GPU-only faults (MPS daemon killed or missing, client killed mid-work): faults.json (~6-8 min)
 #   bg      NAME ARGS...: starts `jaxrose ARGS...` detached (setsid) in /tmp/bg/NAME, for a run longer than one
 #           call; it lives while the machine stays warm, so issue `collect` at once after each call returns
+#   overlap [PRESET] [GROUPS] [QUOTAS]: how much of the async learner's work hides behind the actor's rollout of
+#           GROUPS env groups (default 2) per learner SM quota (default "100,50,25"), V-trace learner
+#           (scripts/gpu_overlap_probe.py; ~4 min; OVERLAP_ARGS adds train settings)
 #   ceiling [PRESET] [ENVS] [SECONDS]: the simulation ceiling (sim system, 5 repeats) at each env count in ENVS
 #           (default "8192 16384 32768"), each bounded by SECONDS (default 120); ceiling.tar.gz rewritten after each
 #   collect NAME [SECONDS]: waits up to SECONDS (default 570) for that run, prints its [bench] lines and brings
@@ -259,6 +262,10 @@ case "${1:?stage}" in
           --set "SEEDS=${3:-[0]}" --out "$out/notebooks" notebooks/quickstart.ipynb notebooks/custom_algorithm.ipynb \
           notebooks/ablations.ipynb 2>&1 | tee "$out/notebooks.log" | grep "^\[notebook\]"
         rm -rf "$out"/notebooks/*/runs/compile-cache; find "$out/notebooks" -type d -name checkpoints -prune -exec rm -rf {} + ;;
+  overlap) JAX_COMPILATION_CACHE_DIR=/tmp/bg/cc timeout "${OVERLAP_SECONDS:-540}" python3 scripts/gpu_overlap_probe.py \
+           "${2:-ant-mlp}" 9 --groups="${3:-2}" --quotas="${4:-100,50,25}" --out="$out/overlap_probe.json" -- \
+           --ppo.off-policy-correction vtrace ${OVERLAP_ARGS:-} > "$out/overlap_probe.log" 2>&1
+         echo "exit $?"; grep -v "^{\|warp\|warn" "$out/overlap_probe.log" | tail -12 ;;
   ceiling) # [PRESET] [ENVS] [SECONDS]: one bench of the sim system per env count, the bundle rewritten after each
         mkdir -p /tmp/ceiling; for n in ${3:-8192 16384 32768}; do
           timeout "${4:-120}" python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --systems sim --repeats 5 \

@@ -1,0 +1,66 @@
+"""scripts/gpu_overlap_probe.py: its arithmetic by hand, and a whole run on the CPU (real processes, no MPS)
+whose summary is recomputed from the raw times it recorded."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+sys.path.insert(0, SCRIPTS)
+
+from gpu_overlap_probe import split_args, summarize, synchronous_limit, window_rate  # noqa: E402
+
+
+def test_window_rate_counts_intervals_between_completions_inside_the_window():
+    completions = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
+    # inside [1.2, 3.5]: 1.5, 2.0, 2.5, 3.0 -> 3 intervals over 1.5 s
+    assert window_rate(completions, 1.2, 3.5) == pytest.approx(2.0)
+    assert window_rate(completions, 3.5, 3.9) is None  # none inside
+    assert window_rate(completions, 3.9, 5.0) is None  # one inside
+
+
+def test_summary_by_hand():
+    # 655,360 steps; the rollout 0.33 s alone and 0.45 s beside; the learner 10 updates/s alone at 100%,
+    # 6 beside the actor; 2 updates per rollout; the ceiling 0.3 s.
+    row = summarize(655_360, 2, 0.3, 0.33, 10.0, {"actor_beside_s": 0.45, "learner_rate_beside": 6.0})
+    assert row["actor_share"] == pytest.approx(0.33 / 0.45)
+    assert row["learner_share"] == pytest.approx(0.6)
+    assert row["overlap"] == pytest.approx(0.33 / 0.45 + 0.6)
+    assert row["paced_by"] == "actor" and row["pace_s"] == pytest.approx(0.45)  # 2 / 6 = 0.333 < 0.45
+    assert row["bound_steps_per_s"] == pytest.approx(655_360 / 0.45)
+    assert row["bound_over_ceiling"] == pytest.approx(0.3 / 0.45)
+    slow = summarize(655_360, 2, 0.3, 0.33, 10.0, {"actor_beside_s": 0.35, "learner_rate_beside": 4.0})
+    assert slow["paced_by"] == "learner" and slow["pace_s"] == pytest.approx(0.5)
+    assert synchronous_limit(655_360, 2, 0.33, 10.0) == pytest.approx(655_360 / 0.53)
+
+
+def test_arguments_split_at_the_double_dash():
+    positional, options, train = split_args(["ant-mlp", "9", "--groups=4", "--", "--ppo.x", "1", "--quotas=5"])
+    assert positional == ["ant-mlp", "9"] and options == {"groups": "4"} and train == ["--ppo.x", "1", "--quotas=5"]
+
+
+def test_a_whole_run_on_the_cpu(tmp_path):
+    out = tmp_path / "overlap.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "gpu_overlap_probe.py"), "point-mass", "3", "--groups=2",
+         "--quotas=100,50", "--window=0.5", f"--out={out}", "--", "--env.num-envs", "32", "--ppo.batch-size", "16",
+         "--ppo.num-minibatches", "2", "--ppo.off-policy-correction", "vtrace"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mps"] is False and report["envs"] == 64 and report["updates_per_rollout"] == 2
+    assert report["env_steps"] == 64 * 10 * (16 * 2 // 32)  # envs x unroll_length x unrolls per iteration
+    reference = report["quotas"]["100"]["learner_rate_alone"]
+    assert report["learner_reference"] == {"quota": 100, "updates_per_s": reference}
+    for quota in ("100", "50"):
+        entry = report["quotas"][quota]
+        assert entry["learner_rate_alone"] > 0 and entry["learner_rate_beside"] > 0
+        assert len(entry["actor_beside"]) >= 3
+        expected = summarize(report["env_steps"], 2, report["ceiling"]["median_s"],
+                             report["actor_alone"]["median_s"], reference, entry)
+        assert entry["summary"] == pytest.approx(expected)
+        assert entry["summary"]["actor_share"] == pytest.approx(
+            report["actor_alone"]["median_s"] / entry["actor_beside_s"])
