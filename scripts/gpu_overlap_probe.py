@@ -137,6 +137,7 @@ def main() -> None:
     quotas = [int(q) for q in options.get("quotas", "100,50,25").split(",")]
     window = float(options.get("window", 3))
 
+    from jaxrose import mps
     from jaxrose.mps import prepare_clients
 
     names = {q: f"learner_q{q}" for q in quotas}
@@ -178,7 +179,7 @@ def main() -> None:
     result = {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "preset": preset, "train_args": train_args,
               "repeats": repeats, "groups": groups,
               "envs": groups * per_group, "env_steps": env_steps, "updates_per_rollout": updates_per_rollout,
-              "mps": "CUDA_MPS_PIPE_DIRECTORY" in os.environ, "device": str(jax.devices()[0]),
+              "mps": mps._controller_daemon is not None, "device": str(jax.devices()[0]),
               "core_count": getattr(jax.devices()[0], "core_count", None), "compile_s": {}, "quotas": {}}
     actor_args = (learner.params, learner.normalizer, state, key)
     compiled = {}

@@ -159,6 +159,12 @@ def _fake_mps_present(monkeypatch, tmp_path):
     monkeypatch.setattr(mps, "CONTROL_BINARY", str(fake))
     monkeypatch.setattr(mps, "gpu_count", lambda: 1)
     monkeypatch.setattr(mps, "_controller_daemon", None)
+    # prepare_clients writes these into os.environ; recorded here (set, then deleted) so that each test's
+    # teardown removes them again instead of leaving them to later tests in the same process.
+    for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                 "CUDA_MPS_CLIENT_PRIORITY"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return mps
 
 
