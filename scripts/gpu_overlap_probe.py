@@ -13,12 +13,15 @@ Per quota:
 - actor share: the rollout's time alone over its time beside the learner;
 - learner share: its updates per second beside the actor over its rate alone at 100%;
 - overlap: their sum. 1 means the GPU only takes turns (nothing hides); 2, both run as fast as alone;
-- bound: env steps/s if the actor rolls out while the learner learns the rollout's updates, each at its rate
-  measured beside the other: steps / max(rollout beside, updates per rollout / learner rate beside); and that
-  bound over the simulation ceiling, which #8 asks to be >= 0.95.
+- both busy: env steps/s with the learner learning back to back beside the actor, each at its rate measured beside
+  the other: steps / max(rollout beside, updates per rollout / learner rate beside);
+- best mix: the largest rate of any schedule that switches between the two measured modes, both busy and one of
+  them alone (the actor, or the learner at its quota), with the learner learning every rollout's updates: what
+  the measured concurrency allows at best. Each over the simulation ceiling, which #8 asks to reach >= 0.95.
 
 Usage: python3 scripts/gpu_overlap_probe.py [PRESET] [REPEATS] [--groups=2] [--quotas=100,50,25] [--window=3]
        [--out=PATH] [-- TRAIN SETTINGS, e.g. --ppo.off-policy-correction vtrace]
+       python3 scripts/gpu_overlap_probe.py --summarize=STORED.json --out=PATH (the summaries again, from raw times)
 """
 
 from __future__ import annotations
@@ -46,15 +49,35 @@ def window_rate(completions: list[float], start: float, end: float) -> Optional[
 
 def summarize(env_steps: int, updates_per_rollout: float, ceiling_s: float, actor_alone_s: float,
               learner_reference_rate: float, quota: dict) -> dict:
-    """One quota's shares, overlap and bound (module docstring) from its measured times and rates."""
+    """One quota's shares, overlap and rates (module docstring) from its measured times and rates."""
     actor_share = actor_alone_s / quota["actor_beside_s"]
     learner_rate = quota["learner_rate_beside"]
     learner_share = learner_rate / learner_reference_rate
     pace = max(quota["actor_beside_s"], updates_per_rollout / learner_rate)
-    bound = env_steps / pace
+    both_busy = env_steps / pace
+    best = env_steps / actor_alone_s * best_mix(updates_per_rollout, actor_alone_s, learner_reference_rate,
+                                                actor_share, learner_share,
+                                                quota["learner_rate_alone"] / learner_reference_rate)
+    ceiling = env_steps / ceiling_s
     return {"actor_share": actor_share, "learner_share": learner_share, "overlap": actor_share + learner_share,
             "pace_s": pace, "paced_by": "actor" if quota["actor_beside_s"] >= updates_per_rollout / learner_rate
-            else "learner", "bound_steps_per_s": bound, "bound_over_ceiling": bound / (env_steps / ceiling_s)}
+            else "learner", "both_busy_steps_per_s": both_busy, "both_busy_over_ceiling": both_busy / ceiling,
+            "best_mix_steps_per_s": best, "best_mix_over_ceiling": best / ceiling}
+
+
+def best_mix(updates_per_rollout: float, actor_alone_s: float, learner_reference_rate: float, actor_share: float,
+             learner_share: float, learner_alone_share: float) -> float:
+    """The actor's rollout rate, as a fraction of its rate alone, of the best schedule that switches between
+    both busy (at `actor_share`, `learner_share`) and one process alone: the actor (1, 0), or the learner at its
+    quota (0, `learner_alone_share`), shares of each one's rate alone at 100%. The learner must do
+    `updates_per_rollout` updates per rollout: in shares, `need` of its time per unit of the actor's."""
+    need = (updates_per_rollout / learner_reference_rate) / actor_alone_s
+    if learner_share >= need * actor_share:  # both busy, the learner has room: mix in the actor alone
+        mix = (learner_share - need * actor_share) / (learner_share + need * (1.0 - actor_share))
+        return actor_share + mix * (1.0 - actor_share)
+    # both busy, the learner falls behind: mix in the learner alone
+    mix = (need * actor_share - learner_share) / (learner_alone_share - learner_share + need * actor_share)
+    return actor_share * (1.0 - mix)
 
 
 def synchronous_limit(env_steps: int, updates_per_rollout: float, actor_alone_s: float,
@@ -127,6 +150,23 @@ def timed(compiled, args, repeats: int, min_seconds: float = 0.0) -> dict:
         jax.block_until_ready(compiled(*args))
         seconds.append(time.perf_counter() - start)
     return {"median_s": statistics.median(seconds), "seconds": seconds}
+
+
+def add_summaries(result: dict) -> None:
+    """Each measured quota's summary, and the run's reference rates, from the raw times in `result`."""
+    measured = {q: e for q, e in result["quotas"].items() if e.get("learner_rate_beside") and e.get("learner_rate_alone")}
+    if not measured:
+        return
+    env_steps, updates_per_rollout = result["env_steps"], result["updates_per_rollout"]
+    reference_quota = max(measured, key=int)
+    reference = measured[reference_quota]["learner_rate_alone"]
+    ceiling_s, actor_alone = result["ceiling"]["median_s"], result["actor_alone"]["median_s"]
+    result["learner_reference"] = {"quota": int(reference_quota), "updates_per_s": reference}
+    result["ceiling_steps_per_s"] = env_steps / ceiling_s
+    result["synchronous_limit_steps_per_s"] = synchronous_limit(env_steps, updates_per_rollout, actor_alone, reference)
+    for q, entry in measured.items():
+        entry["summary"] = summarize(env_steps, updates_per_rollout, ceiling_s, actor_alone, reference, entry)
+        print(f"learner at {q}%:", entry["summary"], file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -233,24 +273,19 @@ def main() -> None:
         write_out(result)
 
     result["actor_alone_after"] = timed(compiled["actor"], actor_args, repeats)
-    measured = {q: e for q, e in result["quotas"].items() if e.get("learner_rate_beside") and e.get("learner_rate_alone")}
-    if measured:
-        reference_quota = max(measured, key=int)
-        reference = measured[reference_quota]["learner_rate_alone"]
-        ceiling_s, actor_alone = result["ceiling"]["median_s"], result["actor_alone"]["median_s"]
-        result["learner_reference"] = {"quota": int(reference_quota), "updates_per_s": reference}
-        result["ceiling_steps_per_s"] = env_steps / ceiling_s
-        result["synchronous_limit_steps_per_s"] = synchronous_limit(env_steps, updates_per_rollout, actor_alone,
-                                                                    reference)
-        for q, entry in measured.items():
-            entry["summary"] = summarize(env_steps, updates_per_rollout, ceiling_s, actor_alone, reference, entry)
-            print(f"learner at {q}%:", entry["summary"], file=sys.stderr, flush=True)
+    add_summaries(result)
     print(json.dumps({k: v for k, v in result.items() if k != "quotas"} | {
         "quotas": {q: e.get("summary", e.get("error")) for q, e in result["quotas"].items()}}))
     write_out(result)
 
 
 if __name__ == "__main__":
+    again = [a for a in sys.argv if a.startswith("--summarize=")]
+    if again:  # the summaries of a stored run, recomputed from its raw times (written to --out)
+        stored = json.load(open(again[0].split("=", 1)[1]))
+        add_summaries(stored)
+        write_out(stored)
+        sys.exit(0)
     loop = [a for a in sys.argv if a.startswith("--learner-loop=")]
     if loop:
         stop_file, report_file = loop[0].split("=", 1)[1].split(",")
