@@ -84,10 +84,14 @@ class AsyncResult:
     """Each actor's own clock for every trajectory it sent: the rollout and its hand-off into the
     transport (or the pipe), compilation included for its first."""
     learner_busy_seconds: list[float] = dataclasses.field(default_factory=list)
-    """Per learner step (an update, or one skipped for NaN): from taking its trajectories to the new
-    parameters sent (copy-in, batch, update, NaN checks, parameter fetch)."""
+    """Per learner step (the trajectories taken at once: one update, or with grow_keeps='update_size'
+    one per starting-size piece; none where skipped for NaN): from taking its trajectories to the new
+    parameters sent (copy-in, batch, updates, NaN checks, parameter fetch)."""
     learner_wait_seconds: list[float] = dataclasses.field(default_factory=list)
     """Per learner step: how long the learner waited for the trajectories it took."""
+    learner_step_updates: list[int] = dataclasses.field(default_factory=list)
+    """Per learner step: the updates this run had done by its end (a step may hold several), which
+    maps the per-step times above onto update indices."""
     actor_timing: dict[int, list[dict]] = dataclasses.field(default_factory=dict)
     """Each actor's clock split for every trajectory: `collect` (the rollout program until its arrays
     are ready), `hand_off` (into the transport or the pipe), `idle_before` (since the previous one
@@ -573,7 +577,8 @@ class AsyncTrainer:
         for i in range(self.num_actors):
             self._grant(i, version, host_params)
         lags, depths, returns, shapes, skipped, batch_sizes = [], [], [], [], [], set()
-        busy, waits = [], []  # the learner's time per update: working, and waiting for trajectories
+        busy, waits = [], []  # the learner's time per step: working, and waiting for trajectories
+        step_updates: list[int] = []
         lag_dropped: list[dict] = []
         self.actor_rollout_seconds = {i: [] for i in range(self.num_actors)}
         self.actor_timing = {i: [] for i in range(self.num_actors)}
@@ -642,6 +647,7 @@ class AsyncTrainer:
                 self._grant(i, version, host_params)
             busy.append(time.perf_counter() - taken_at)
             waits.append(waited)
+            step_updates.append(done - (start.updates if start else 0))
             self._deliver(pending, on_snapshot)
             if on_update is not None:
                 for report in reports:
@@ -664,7 +670,8 @@ class AsyncTrainer:
                            list(manager.decisions) if manager is not None else [], shapes, list(self.groups),
                            sorted(batch_sizes), skipped, dict(self.hand_offs), self.run_ahead, self.transport,
                            {i: list(t) for i, t in self.actor_rollout_seconds.items()}, busy, waits,
-                           precompiled=self._precompiled_so_far(), lag_dropped=lag_dropped,
+                           learner_step_updates=step_updates, precompiled=self._precompiled_so_far(),
+                           lag_dropped=lag_dropped,
                            actor_timing={i: list(t) for i, t in self.actor_timing.items()})
 
     def _finish_snapshots(self, pending: dict, on_snapshot, timeout: float) -> None:

@@ -547,6 +547,7 @@ def _async_child(config_path: str, summary_path: str) -> None:
     t0, t1 = result.iteration_start_times[first_steady], max(e["done_time"] for e in evals)
     steady_steps = run.env_steps - first_steady * consumed_per_update
     updates_end = result.iteration_start_times[-1] + result.iteration_seconds[-1]
+    first_learner_step = first_steady_step(run.learner_step_updates, first_steady)
     summary = {
         "status": "ok", "steady_sps": steady_steps / (updates_end - t0),
         "steady_sps_with_evals": steady_steps / (t1 - t0), "steady_env_steps": steady_steps,
@@ -566,8 +567,9 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "median_actor_rollout_seconds": {i: statistics.median(t[2:]) for i, t in run.actor_rollout_seconds.items()
                                          if len(t) > 2},
         "learner_busy_seconds": run.learner_busy_seconds, "learner_wait_seconds": run.learner_wait_seconds,
-        "median_steady_learner_busy_seconds": _median_or_none(run.learner_busy_seconds[first_steady:]),
-        "median_steady_learner_wait_seconds": _median_or_none(run.learner_wait_seconds[first_steady:]),
+        "learner_step_updates": run.learner_step_updates,
+        "median_steady_learner_busy_seconds": _median_or_none(run.learner_busy_seconds[first_learner_step:]),
+        "median_steady_learner_wait_seconds": _median_or_none(run.learner_wait_seconds[first_learner_step:]),
         "learner_sm_count": getattr(jax.devices()[0], "core_count", None),  # its MPS quota, as the learner sees it
         "resource_manager": config.run.resources.manager, "resource_decisions": run.resource_decisions,
         "precompiled": run.precompiled,
@@ -579,6 +581,13 @@ def _async_child(config_path: str, summary_path: str) -> None:
     }
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)
+
+
+def first_steady_step(step_updates: list[int], first_steady_update: int) -> int:
+    """The first asynchronous learner step whose updates all lie in the steady window, from each step's
+    cumulative update count (a step may hold several updates: grow_keeps='update_size')."""
+    step_starts = [0] + list(step_updates[:-1])
+    return next((step for step, start in enumerate(step_starts) if start >= first_steady_update), len(step_updates))
 
 
 def _median_or_none(values: list[float]) -> Optional[float]:

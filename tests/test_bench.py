@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from jaxrose.bench import RATIOS, BenchConfig, lookup, main, parse_args
+from jaxrose.bench import RATIOS, BenchConfig, first_steady_step, lookup, main, parse_args
 from jaxrose.config import ConfigError
 from jaxrose.presets import get_preset
 
@@ -99,8 +99,17 @@ def test_async_system_reports_its_rates_and_lags(bench_run):
     assert len(summary["learner_busy_seconds"]) == len(summary["learner_wait_seconds"]) == len(summary["update_seconds"])
     assert all(_positive(t) for t in summary["learner_busy_seconds"])
     assert summary["median_steady_learner_busy_seconds"] > 0
+    assert summary["learner_step_updates"] == list(range(1, len(summary["update_seconds"]) + 1))  # 1 update a step
     report = (out / "results.md").read_text()
     assert f"learner busy {summary['median_steady_learner_busy_seconds']:.3f} s" in report
+
+
+def test_the_first_steady_learner_step_when_steps_hold_several_updates():
+    # grow_keeps='update_size' at 2 groups: 2 updates a step; steps start at updates 0, 2, 4, 6
+    assert first_steady_step([2, 4, 6, 8], 4) == 2  # the step holding updates 4 and 5
+    assert first_steady_step([2, 4, 6, 8], 3) == 2  # step 1 began before the window (updates 2 and 3)
+    assert first_steady_step([1, 2, 3, 4], 2) == 2  # one update a step: the update index itself
+    assert first_steady_step([2, 4], 9) == 2 and first_steady_step([], 0) == 0  # none steady
 
 
 def test_overlapped_evaluation_keeps_the_same_results(bench_run):

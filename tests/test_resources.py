@@ -414,6 +414,10 @@ def test_actors_start_at_the_stated_batch_and_updates_keep_the_starting_size(tin
     assert {i for i, _ in result.trajectory_groups} == {0, 1}
     assert result.learner_batch_segments == [32]  # one group (16 envs x 2 unrolls) per update, as from 1 group
     assert result.updates == 8 and max(result.lags) <= 7
+    # Each learner step learned its 2-group trajectories as 2 updates each: the step's update counts say so.
+    steps = result.learner_step_updates
+    assert len(steps) == len(result.learner_busy_seconds) and steps[-1] == result.updates
+    assert all(b - a > 0 and (b - a) % 2 == 0 for a, b in zip([0] + steps[:-1], steps)), steps
     steps_per_group = config.env_steps_per_iteration // config.env.num_groups
     assert result.env_steps == steps_per_group * 2 * len(result.trajectory_groups)
     assert not multiprocessing.active_children()
