@@ -29,6 +29,16 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
+@pytest.fixture(autouse=True)
+def mps_variables_unchanged():
+    """Every test leaves the MPS client variables of this process as it found them: a spawned worker or
+    script copies os.environ, so one left behind would make later tests' children MPS clients."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS")}
+    assert after == before, f"this test left MPS variables changed: {before} -> {after}"
+
+
 @pytest.fixture
 def tiny_config():
     """A point-mass run small enough for many tests: 32 envs, 2 groups, tiny networks."""
