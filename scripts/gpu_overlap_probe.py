@@ -53,15 +53,15 @@ def summarize(env_steps: int, updates_per_rollout: float, ceiling_s: float, acto
     actor_share = actor_alone_s / quota["actor_beside_s"]
     learner_rate = quota["learner_rate_beside"]
     learner_share = learner_rate / learner_reference_rate
-    pace = max(quota["actor_beside_s"], updates_per_rollout / learner_rate)
+    learning_s = updates_per_rollout / learner_rate  # the rollout's updates, at the rate beside the actor
+    pace = max(quota["actor_beside_s"], learning_s)
     both_busy = env_steps / pace
     best = env_steps / actor_alone_s * best_mix(updates_per_rollout, actor_alone_s, learner_reference_rate,
                                                 actor_share, learner_share,
                                                 quota["learner_rate_alone"] / learner_reference_rate)
     ceiling = env_steps / ceiling_s
     return {"actor_share": actor_share, "learner_share": learner_share, "overlap": actor_share + learner_share,
-            "pace_s": pace, "paced_by": "actor" if quota["actor_beside_s"] >= updates_per_rollout / learner_rate
-            else "learner", "both_busy_steps_per_s": both_busy, "both_busy_over_ceiling": both_busy / ceiling,
+            "pace_s": pace, "paced_by": "actor" if quota["actor_beside_s"] >= learning_s else "learner", "both_busy_steps_per_s": both_busy, "both_busy_over_ceiling": both_busy / ceiling,
             "best_mix_steps_per_s": best, "best_mix_over_ceiling": best / ceiling}
 
 
@@ -177,7 +177,6 @@ def main() -> None:
     quotas = [int(q) for q in options.get("quotas", "100,50,25").split(",")]
     window = float(options.get("window", 3))
 
-    from jaxrose import mps
     from jaxrose.mps import prepare_clients
 
     names = {q: f"learner_q{q}" for q in quotas}
@@ -193,6 +192,10 @@ def main() -> None:
     from jaxrose.sequential import make_env
 
     config = load_config(preset, train_args)
+    if groups < 1 or groups % config.env.num_groups:
+        sys.exit(f"--groups={groups}: the actor's env groups must be a positive multiple of the preset's "
+                 f"env.num_groups ({config.env.num_groups}), one learner update per {config.env.num_groups}; "
+                 f"pass e.g. --groups={2 * config.env.num_groups}.")
     env = make_env(config)
     net = make_actor_critic(env.observation_size, env.action_size, config.network, config.ppo.normalize_observations)
     learner = make_learner(net, env.observation_size, config.ppo).init(jax.random.PRNGKey(0))
@@ -219,7 +222,7 @@ def main() -> None:
     result = {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "preset": preset, "train_args": train_args,
               "repeats": repeats, "groups": groups,
               "envs": groups * per_group, "env_steps": env_steps, "updates_per_rollout": updates_per_rollout,
-              "mps": mps._controller_daemon is not None, "device": str(jax.devices()[0]),
+              "mps": "CUDA_MPS_PIPE_DIRECTORY" in envs[names[quotas[0]]],  # the clients' variables: a daemon runs "device": str(jax.devices()[0]),
               "core_count": getattr(jax.devices()[0], "core_count", None), "compile_s": {}, "quotas": {}}
     actor_args = (learner.params, learner.normalizer, state, key)
     compiled = {}

@@ -92,8 +92,6 @@ def test_a_capped_controller_gives_uncapped_workers_100_percent_explicitly(monke
     _fake_mps_present(monkeypatch, tmp_path)
     monkeypatch.setattr(mps.MpsDaemon, "stop_when_process_exits", lambda self, pid: None)  # no watcher left behind
     monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
-    for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     envs = mps.prepare_clients({"actor0": None, "evaluator": 30}, own_quota=40)
     # This process (the learner) is capped at 40%; a spawned worker copies os.environ, so the
@@ -116,9 +114,6 @@ def test_priorities_reach_each_client_and_a_below_normal_controller_leaves_worke
     _fake_mps_present(monkeypatch, tmp_path)
     monkeypatch.setattr(mps.MpsDaemon, "stop_when_process_exits", lambda self, pid: None)
     monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
-    for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                 "CUDA_MPS_CLIENT_PRIORITY"):
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     envs = mps.prepare_clients({"actor0": None, "evaluator": 20}, priorities={"evaluator": "below-normal"},
                                own_priority="below-normal")

@@ -104,3 +104,12 @@ def test_a_whole_run_on_the_cpu(tmp_path):
     subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_overlap_probe.py"), f"--summarize={stripped}",
                     f"--out={again}"], check=True, capture_output=True, timeout=60)
     assert json.loads(again.read_text())["quotas"] == json.loads(out.read_text())["quotas"]
+
+
+def test_groups_that_do_not_divide_into_updates_are_refused():
+    result = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "gpu_overlap_probe.py"), "point-mass", "3", "--groups=3", "--",
+         "--env.num-groups", "2", "--env.num-envs", "32"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode != 0
+    assert "--groups=3" in result.stderr and "env.num_groups (2)" in result.stderr and "--groups=4" in result.stderr
