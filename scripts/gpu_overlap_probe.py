@@ -222,7 +222,8 @@ def main() -> None:
     result = {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "preset": preset, "train_args": train_args,
               "repeats": repeats, "groups": groups,
               "envs": groups * per_group, "env_steps": env_steps, "updates_per_rollout": updates_per_rollout,
-              "mps": "CUDA_MPS_PIPE_DIRECTORY" in envs[names[quotas[0]]],  # the clients' variables: a daemon runs "device": str(jax.devices()[0]),
+              # the clients' variables name a pipe directory only where a daemon runs
+              "mps": "CUDA_MPS_PIPE_DIRECTORY" in envs[names[quotas[0]]], "device": str(jax.devices()[0]),
               "core_count": getattr(jax.devices()[0], "core_count", None), "compile_s": {}, "quotas": {}}
     actor_args = (learner.params, learner.normalizer, state, key)
     compiled = {}

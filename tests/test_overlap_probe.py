@@ -83,6 +83,7 @@ def test_a_whole_run_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mps"] is False and report["envs"] == 64 and report["updates_per_rollout"] == 2
+    assert "cpu" in report["device"].lower()
     assert report["env_steps"] == 64 * 10 * (16 * 2 // 32)  # envs x unroll_length x unrolls per iteration
     reference = report["quotas"]["100"]["learner_rate_alone"]
     assert report["learner_reference"] == {"quota": 100, "updates_per_s": reference}
