@@ -103,9 +103,10 @@ def load_config(preset: str, train_args: list[str]):
     return tyro.cli(TrainConfig, default=get_preset(preset), args=train_args, prog="gpu_overlap_probe")
 
 
-def learner_loop(preset: str, train_args: list[str], stop_file: str, report_file: str) -> None:
-    """Runs the asynchronous learner's step back to back until `stop_file` appears; writes every
-    step's completion time (time.monotonic, shared by the processes of one machine)."""
+def learner_step_on_zeros(config):
+    """The asynchronous learner's step, jitted: a stale batch's proximal log-probs and one update on a batch of
+    the preset's own groups. With its first learner state and zeros of that batch's trajectory shapes: the
+    update's cost does not depend on the values, so no rollout is compiled."""
     import jax
     import jax.numpy as jnp
 
@@ -113,7 +114,6 @@ def learner_loop(preset: str, train_args: list[str], stop_file: str, report_file
     from jaxrose.program import Program, run_program
     from jaxrose.sequential import SequentialExecutor
 
-    config = load_config(preset, train_args)
     executor = SequentialExecutor(config)
     learner = executor.learner.init(jax.random.PRNGKey(0))
     rollout = Program("rollout", rollout_nodes(executor.train_env, executor.net, config))
@@ -121,13 +121,22 @@ def learner_loop(preset: str, train_args: list[str], stop_file: str, report_file
     shapes = jax.eval_shape(lambda s: run_program(rollout, {"params": learner.params, "normalizer": learner.normalizer,
                                                             "env_state": s, "key": jax.random.PRNGKey(2)})["unrolls"],
                             env_state)
-    # The update's cost does not depend on the values: zeros of the trajectory's shapes, no rollout compiled.
     unrolls = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     @jax.jit
     def step(learner, unrolls):
         return executor.learner.update(learner, learner_batch(executor.net, unrolls, learner, stale=True)[0])[0]
 
+    return step, learner, unrolls
+
+
+def learner_loop(preset: str, train_args: list[str], stop_file: str, report_file: str) -> None:
+    """Runs the asynchronous learner's step back to back until `stop_file` appears; writes every
+    step's completion time (time.monotonic, shared by the processes of one machine)."""
+    import jax
+
+    config = load_config(preset, train_args)
+    step, learner, unrolls = learner_step_on_zeros(config)
     learner = jax.block_until_ready(step(learner, unrolls))
     learner = jax.block_until_ready(step(learner, unrolls))
     open(report_file + ".ready", "w").close()
@@ -138,6 +147,45 @@ def learner_loop(preset: str, train_args: list[str], stop_file: str, report_file
     with open(report_file, "w") as f:
         json.dump({"completions": completions, "core_count": getattr(jax.devices()[0], "core_count", None),
                    "segments_per_update": config.ppo.segments_per_iteration}, f)
+
+
+def actor_parts(config, groups: int) -> dict:
+    """The actor's rollout of `groups` env groups and the simulation ceiling's zero-action scan of as many
+    steps (nothing stored), with their arguments; the rollout's env steps and learner updates."""
+    import jax
+    import jax.numpy as jnp
+
+    from envs.wrappers import wrap_for_training
+    from jaxrose.networks import make_actor_critic
+    from jaxrose.ppo_program import make_learner, rollout_nodes
+    from jaxrose.program import Program, run_program
+    from jaxrose.sequential import make_env
+
+    env = make_env(config)
+    net = make_actor_critic(env.observation_size, env.action_size, config.network, config.ppo.normalize_observations)
+    learner = make_learner(net, env.observation_size, config.ppo).init(jax.random.PRNGKey(0))
+    per_group = config.env.envs_per_group
+    layout = wrap_for_training(env, config.env.episode_length, groups, per_group)
+    state = jax.jit(layout.reset)(jax.random.PRNGKey(1))
+    key = jax.random.PRNGKey(2)
+    steps = config.unrolls_per_iteration * config.ppo.unroll_length
+    program = Program("rollout", rollout_nodes(layout, net, config))
+
+    def actor_collect(p, n, state, key):
+        out = run_program(program, {"params": p, "normalizer": n, "env_state": state, "key": key})
+        return out["env_state"], out["key"], out["unrolls"]
+
+    def sim_flat_zero(state, key):
+        zeros = jnp.zeros(layout.batch_shape + (env.action_size,))
+
+        def step(carry, _):
+            return (layout.step(carry[0], zeros), carry[1]), None
+        return jax.lax.scan(step, (state, key), None, length=steps)[0]
+
+    return {"envs": groups * per_group, "env_steps": steps * groups * per_group,
+            "updates_per_rollout": groups / config.env.num_groups,
+            "sim_flat_zero": (sim_flat_zero, (state, key)),
+            "actor": (actor_collect, (learner.params, learner.normalizer, state, key))}
 
 
 def timed(compiled, args, repeats: int, min_seconds: float = 0.0) -> dict:
@@ -183,56 +231,30 @@ def main() -> None:
     envs = prepare_clients({names[q]: (None if q >= 100 else q) for q in quotas},
                            compile_cache=os.environ.get("JAX_COMPILATION_CACHE_DIR"))
     import jax
-    import jax.numpy as jnp
-
-    from envs.wrappers import wrap_for_training
-    from jaxrose.networks import make_actor_critic
-    from jaxrose.ppo_program import make_learner, rollout_nodes
-    from jaxrose.program import Program, run_program
-    from jaxrose.sequential import make_env
 
     config = load_config(preset, train_args)
     if groups < 1 or groups % config.env.num_groups:
         sys.exit(f"--groups={groups}: the actor's env groups must be a positive multiple of the preset's "
                  f"env.num_groups ({config.env.num_groups}), one learner update per {config.env.num_groups}; "
                  f"pass e.g. --groups={2 * config.env.num_groups}.")
-    env = make_env(config)
-    net = make_actor_critic(env.observation_size, env.action_size, config.network, config.ppo.normalize_observations)
-    learner = make_learner(net, env.observation_size, config.ppo).init(jax.random.PRNGKey(0))
-    per_group = config.env.envs_per_group
-    layout = wrap_for_training(env, config.env.episode_length, groups, per_group)
-    state = jax.jit(layout.reset)(jax.random.PRNGKey(1))
-    key = jax.random.PRNGKey(2)
-    steps = config.unrolls_per_iteration * config.ppo.unroll_length
-    env_steps = steps * groups * per_group
-    updates_per_rollout = groups / config.env.num_groups
-    program = Program("rollout", rollout_nodes(layout, net, config))
-
-    def actor_collect(p, n, state, key):
-        out = run_program(program, {"params": p, "normalizer": n, "env_state": state, "key": key})
-        return out["env_state"], out["key"], out["unrolls"]
-
-    def sim_flat_zero(state, key):
-        zeros = jnp.zeros(layout.batch_shape + (env.action_size,))
-
-        def step(carry, _):
-            return (layout.step(carry[0], zeros), carry[1]), None
-        return jax.lax.scan(step, (state, key), None, length=steps)[0]
+    parts = actor_parts(config, groups)
+    env_steps, updates_per_rollout = parts["env_steps"], parts["updates_per_rollout"]
 
     result = {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "preset": preset, "train_args": train_args,
               "repeats": repeats, "groups": groups,
-              "envs": groups * per_group, "env_steps": env_steps, "updates_per_rollout": updates_per_rollout,
+              "envs": parts["envs"], "env_steps": env_steps, "updates_per_rollout": updates_per_rollout,
               # the clients' variables name a pipe directory only where a daemon runs
               "mps": "CUDA_MPS_PIPE_DIRECTORY" in envs[names[quotas[0]]], "device": str(jax.devices()[0]),
               "core_count": getattr(jax.devices()[0], "core_count", None), "compile_s": {}, "quotas": {}}
-    actor_args = (learner.params, learner.normalizer, state, key)
+    actor_args = parts["actor"][1]
     compiled = {}
-    for name, fn, args in (("sim_flat_zero", sim_flat_zero, (state, key)), ("actor", actor_collect, actor_args)):
+    for name in ("sim_flat_zero", "actor"):
+        fn, args = parts[name]
         start = time.perf_counter()
         compiled[name] = jax.jit(fn).lower(*args).compile()
         jax.block_until_ready(compiled[name](*args))
         result["compile_s"][name] = time.perf_counter() - start
-    result["ceiling"] = timed(compiled["sim_flat_zero"], (state, key), repeats)
+    result["ceiling"] = timed(compiled["sim_flat_zero"], parts["sim_flat_zero"][1], repeats)
     result["actor_alone"] = timed(compiled["actor"], actor_args, repeats)
     print("ceiling", f"{result['ceiling']['median_s']:.4f}", "actor alone", f"{result['actor_alone']['median_s']:.4f}",
           file=sys.stderr, flush=True)

@@ -1,0 +1,107 @@
+"""On a GPU: do XLA's command buffers (CUDA graphs) shorten the simulation, the actor's rollout or the learner's step?
+
+The asynchronous learner's update on ant-mlp is 128 minibatch steps of small MLPs (4 epochs x 32 minibatches of
+2,048 x 5 samples): ~0.6 ms each on an H100 (session 40), short enough for kernel launches to matter. The
+simulation's scan over 80 steps launches many small kernels per step too. XLA records straight-line code into
+CUDA graphs by default but launches a loop's body kernel by kernel unless WHILE (and CONDITIONAL) are among
+`--xla_gpu_enable_command_buffer`'s types. Each variant below runs in its own process (XLA reads its flags once),
+one after the other, on the same GPU; each times the three programs of `scripts/gpu_overlap_probe.py` (the
+zero-action simulation scan, the actor's rollout of `--groups` groups and the learner's step on zeros) after a
+warm-up, `REPEATS` runs each, and reports the medians, every run and the compile seconds apart.
+
+Usage: python3 scripts/gpu_xla_flags_probe.py [PRESET] [REPEATS] [--groups=2] [--variants=NAME,...] [--out=PATH]
+       [-- TRAIN SETTINGS, e.g. --ppo.off-policy-correction vtrace]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from gpu_output import write_out  # scripts/ is on the path when a script runs
+from gpu_overlap_probe import actor_parts, learner_step_on_zeros, load_config, split_args, timed
+
+# Each variant's XLA flags, added to whatever XLA_FLAGS the caller set.
+VARIANTS = {
+    "default": "",
+    "no-command-buffers": "--xla_gpu_enable_command_buffer=",
+    "loops-in-command-buffers": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
+    "loops-any-size": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",
+}
+
+
+def measure(preset: str, train_args: list[str], groups: int, repeats: int, report_file: str) -> None:
+    """In this process (its XLA flags already set): compile and time the three programs; write the report."""
+    import jax
+
+    config = load_config(preset, train_args)
+    parts = actor_parts(config, groups)
+    step, learner, unrolls = learner_step_on_zeros(config)
+    programs = {"sim_flat_zero": parts["sim_flat_zero"], "actor": parts["actor"], "learner": (step, (learner, unrolls))}
+    report = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "device": str(jax.devices()[0]),
+              "env_steps": parts["env_steps"], "updates_per_rollout": parts["updates_per_rollout"], "compile_s": {}}
+    for name, (fn, args) in programs.items():
+        start = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        jax.block_until_ready(compiled(*args))
+        report["compile_s"][name] = time.perf_counter() - start
+        jax.block_until_ready(compiled(*args))  # warm-up past the first run
+        report[name] = timed(compiled, args, repeats)
+        print(name, f"{report[name]['median_s']:.4f} s", file=sys.stderr, flush=True)
+    with open(report_file, "w") as f:
+        json.dump(report, f)
+
+
+def compare(result: dict) -> None:
+    """Each measured variant's medians over the default's, per program (below 1: faster)."""
+    default = result["variants"].get("default", {})
+    for name, entry in result["variants"].items():
+        if "error" in entry or "error" in default:
+            continue
+        entry["over_default"] = {p: entry[p]["median_s"] / default[p]["median_s"]
+                                 for p in ("sim_flat_zero", "actor", "learner")}
+
+
+def main() -> None:
+    positional, options, train_args = split_args(sys.argv[1:])
+    preset = positional[0] if positional else "ant-mlp"
+    repeats = int(positional[1]) if len(positional) > 1 else 9
+    groups = int(options.get("groups", 2))
+    names = options.get("variants", ",".join(VARIANTS)).split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        sys.exit(f"--variants: unknown {', '.join(unknown)}; choose among {', '.join(VARIANTS)}.")
+    result = {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "preset": preset, "train_args": train_args,
+              "groups": groups, "repeats": repeats, "base_xla_flags": os.environ.get("XLA_FLAGS", ""), "variants": {}}
+    for name in names:
+        report = os.path.join(tempfile.mkdtemp(), "report.json")
+        flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), VARIANTS[name]) if f)
+        env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": os.pathsep.join(sys.path)}
+        started = time.perf_counter()
+        child = subprocess.run([sys.executable, __file__, preset, str(repeats), f"--groups={groups}",
+                                f"--measure={report}", "--", *train_args], env=env, capture_output=True, text=True)
+        if child.returncode == 0 and os.path.exists(report):
+            result["variants"][name] = json.load(open(report))
+        else:
+            result["variants"][name] = {"xla_flags": flags, "error": f"exit code {child.returncode}",
+                                        "stderr_tail": child.stderr[-2000:]}
+        result["variants"][name]["process_s"] = time.perf_counter() - started
+        compare(result)
+        print(name, json.dumps({k: v for k, v in result["variants"][name].items()
+                                if k in ("over_default", "error", "compile_s")}), file=sys.stderr, flush=True)
+        write_out(result)
+    print(json.dumps({n: e.get("over_default", e.get("error")) for n, e in result["variants"].items()}))
+
+
+if __name__ == "__main__":
+    measuring = [a for a in sys.argv if a.startswith("--measure=")]
+    if measuring:
+        positional, options, train_args = split_args(sys.argv[1:])
+        measure(positional[0], train_args, int(options.get("groups", 2)), int(positional[1]),
+                measuring[0].split("=", 1)[1])
+    else:
+        main()

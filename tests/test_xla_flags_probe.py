@@ -1,0 +1,40 @@
+"""scripts/gpu_xla_flags_probe.py on the CPU: every variant in its own process with its flags, the ratios by hand."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+def test_each_variant_runs_with_its_flags_and_is_compared_with_the_default(tmp_path):
+    out = tmp_path / "flags.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "3", "--groups=2",
+         "--variants=default,no-command-buffers", f"--out={out}", "--", "--env.num-envs", "32",
+         "--ppo.batch-size", "16", "--ppo.num-minibatches", "2", "--ppo.off-policy-correction", "vtrace"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert list(report["variants"]) == ["default", "no-command-buffers"]
+    default, variant = report["variants"]["default"], report["variants"]["no-command-buffers"]
+    # each child saw the caller's flags plus its own (conftest's optimisation level stays in front)
+    assert default["xla_flags"] == report["base_xla_flags"]
+    assert variant["xla_flags"].endswith("--xla_gpu_enable_command_buffer=")
+    assert variant["xla_flags"].startswith(report["base_xla_flags"])
+    assert default["env_steps"] == 64 * 10 * (16 * 2 // 32) and default["updates_per_rollout"] == 2
+    for program in ("sim_flat_zero", "actor", "learner"):
+        assert len(variant[program]["seconds"]) == 3 and variant["compile_s"][program] > 0
+        assert variant["over_default"][program] == pytest.approx(
+            variant[program]["median_s"] / default[program]["median_s"])
+        assert default["over_default"][program] == 1.0
+
+
+def test_an_unknown_variant_is_refused_naming_the_known_ones():
+    result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "3",
+                             "--variants=default,fast"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "unknown fast" in result.stderr and "loops-in-command-buffers" in result.stderr
