@@ -43,7 +43,7 @@
 #           the table is rewritten after every arm, so a cut run keeps what it measured
 #   priority  ant-mlp async at MPS priorities learner:evaluator normal:normal, below-normal:below-normal,
 #           normal:below-normal, normal:normal again, then the sim ceiling (~6 min with a warm compile cache)
-#   xlaflags [PRESET] [GROUPS] [VARIANTS]: sim scan, actor rollout and learner step timed per XLA command-buffer
+#   xlaflags [PRESET] [GROUPS] [VARIANTS] [PROGRAMS]: sim scan, actor rollout and learner step timed per XLA command-buffer
 #           variant, each in its own process (scripts/gpu_xla_flags_probe.py; ~1 min a variant with a warm cache)
 #   actor   [PRESET] [alone]: where the async actor's rollout time goes (scripts/gpu_actor_probe.py; ~4 min;
 #           with `alone`, without the runs beside a learner process, ~2 min)
@@ -269,7 +269,7 @@ case "${1:?stage}" in
            --ppo.off-policy-correction vtrace ${OVERLAP_ARGS:-} > "$out/overlap_probe.log" 2>&1
          echo "exit $?"; grep -v "^{\|warp\|warn" "$out/overlap_probe.log" | tail -12 ;;
   xlaflags) JAX_COMPILATION_CACHE_DIR=/tmp/bg/cc timeout "${XLAFLAGS_SECONDS:-540}" python3 scripts/gpu_xla_flags_probe.py \
-           "${2:-ant-mlp}" 9 --groups="${3:-2}" ${4:+--variants=$4} --out="$out/xla_flags_probe.json" -- \
+           "${2:-ant-mlp}" 9 --groups="${3:-2}" ${4:+--variants=$4} ${5:+--programs=$5} --out="$out/xla_flags_probe.json" -- \
            --ppo.off-policy-correction vtrace ${XLAFLAGS_ARGS:-} > "$out/xla_flags_probe.log" 2>&1
          echo "exit $?"; grep -v "^{\|warp\|warn" "$out/xla_flags_probe.log" | tail -14; tail -1 "$out/xla_flags_probe.log" ;;
   ceiling) # [PRESET] [ENVS] [SECONDS]: one bench of the sim system per env count, the bundle rewritten after each

@@ -9,8 +9,8 @@ one after the other, on the same GPU; each times the three programs of `scripts/
 zero-action simulation scan, the actor's rollout of `--groups` groups and the learner's step on zeros) after a
 warm-up, `REPEATS` runs each, and reports the medians, every run and the compile seconds apart.
 
-Usage: python3 scripts/gpu_xla_flags_probe.py [PRESET] [REPEATS] [--groups=2] [--variants=NAME,...] [--out=PATH]
-       [-- TRAIN SETTINGS, e.g. --ppo.off-policy-correction vtrace]
+Usage: python3 scripts/gpu_xla_flags_probe.py [PRESET] [REPEATS] [--groups=2] [--variants=NAME,...]
+       [--programs=sim_flat_zero,actor,learner] [--out=PATH] [-- TRAIN SETTINGS, e.g. --ppo.off-policy-correction vtrace]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import time
 from gpu_output import write_out  # scripts/ is on the path when a script runs
 from gpu_overlap_probe import actor_parts, learner_step_on_zeros, load_config, split_args, timed
 
+PROGRAMS = ("sim_flat_zero", "actor", "learner")
+
 # Each variant's XLA flags, added to whatever XLA_FLAGS the caller set.
 VARIANTS = {
     "default": "",
@@ -34,17 +36,24 @@ VARIANTS = {
 }
 
 
-def measure(preset: str, train_args: list[str], groups: int, repeats: int, report_file: str) -> None:
-    """In this process (its XLA flags already set): compile and time the three programs; write the report."""
+def measure(preset: str, train_args: list[str], groups: int, repeats: int, report_file: str,
+            names: tuple[str, ...] = PROGRAMS) -> None:
+    """In this process (its XLA flags already set): compile and time the named programs; write the report."""
     import jax
 
     config = load_config(preset, train_args)
-    parts = actor_parts(config, groups)
-    step, learner, unrolls = learner_step_on_zeros(config)
-    programs = {"sim_flat_zero": parts["sim_flat_zero"], "actor": parts["actor"], "learner": (step, (learner, unrolls))}
-    report = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "device": str(jax.devices()[0]),
-              "env_steps": parts["env_steps"], "updates_per_rollout": parts["updates_per_rollout"], "compile_s": {}}
-    for name, (fn, args) in programs.items():
+    programs = {}
+    if {"sim_flat_zero", "actor"} & set(names):
+        parts = actor_parts(config, groups)
+        programs.update(sim_flat_zero=parts["sim_flat_zero"], actor=parts["actor"])
+    if "learner" in names:
+        step, learner, unrolls = learner_step_on_zeros(config)
+        programs["learner"] = (step, (learner, unrolls))
+    env_steps = config.unrolls_per_iteration * config.ppo.unroll_length * groups * config.env.envs_per_group
+    report = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "device": str(jax.devices()[0]), "env_steps": env_steps,
+              "updates_per_rollout": groups / config.env.num_groups, "compile_s": {}}
+    for name in names:
+        fn, args = programs[name]
         start = time.perf_counter()
         compiled = jax.jit(fn).lower(*args).compile()
         jax.block_until_ready(compiled(*args))
@@ -63,7 +72,7 @@ def compare(result: dict) -> None:
         if "error" in entry or "error" in default:
             continue
         entry["over_default"] = {p: entry[p]["median_s"] / default[p]["median_s"]
-                                 for p in ("sim_flat_zero", "actor", "learner")}
+                                 for p in result["programs"] if p in entry and p in default}
 
 
 def main() -> None:
@@ -72,18 +81,24 @@ def main() -> None:
     repeats = int(positional[1]) if len(positional) > 1 else 9
     groups = int(options.get("groups", 2))
     names = options.get("variants", ",".join(VARIANTS)).split(",")
+    programs = options.get("programs", ",".join(PROGRAMS)).split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         sys.exit(f"--variants: unknown {', '.join(unknown)}; choose among {', '.join(VARIANTS)}.")
+    unknown = [p for p in programs if p not in PROGRAMS]
+    if unknown:
+        sys.exit(f"--programs: unknown {', '.join(unknown)}; choose among {', '.join(PROGRAMS)}.")
     result = {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "preset": preset, "train_args": train_args,
-              "groups": groups, "repeats": repeats, "base_xla_flags": os.environ.get("XLA_FLAGS", ""), "variants": {}}
+              "groups": groups, "repeats": repeats, "programs": programs,
+              "base_xla_flags": os.environ.get("XLA_FLAGS", ""), "variants": {}}
     for name in names:
         report = os.path.join(tempfile.mkdtemp(), "report.json")
         flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), VARIANTS[name]) if f)
         env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": os.pathsep.join(sys.path)}
         started = time.perf_counter()
         child = subprocess.run([sys.executable, __file__, preset, str(repeats), f"--groups={groups}",
-                                f"--measure={report}", "--", *train_args], env=env, capture_output=True, text=True)
+                                f"--measure={report}", f"--programs={','.join(programs)}", "--", *train_args],
+                               env=env, capture_output=True, text=True)
         if child.returncode == 0 and os.path.exists(report):
             result["variants"][name] = json.load(open(report))
         else:
@@ -102,6 +117,6 @@ if __name__ == "__main__":
     if measuring:
         positional, options, train_args = split_args(sys.argv[1:])
         measure(positional[0], train_args, int(options.get("groups", 2)), int(positional[1]),
-                measuring[0].split("=", 1)[1])
+                measuring[0].split("=", 1)[1], tuple(options["programs"].split(",")))
     else:
         main()

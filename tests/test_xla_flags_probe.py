@@ -33,8 +33,25 @@ def test_each_variant_runs_with_its_flags_and_is_compared_with_the_default(tmp_p
         assert default["over_default"][program] == 1.0
 
 
+def test_only_the_named_programs_are_timed(tmp_path):
+    out = tmp_path / "flags.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "2", "--groups=2",
+         "--variants=default,loops-in-command-buffers", "--programs=learner", f"--out={out}", "--",
+         "--env.num-envs", "32", "--ppo.batch-size", "16", "--ppo.num-minibatches", "2"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    variant = json.loads(out.read_text())["variants"]["loops-in-command-buffers"]
+    assert list(variant["compile_s"]) == ["learner"] and "actor" not in variant and "sim_flat_zero" not in variant
+    assert list(variant["over_default"]) == ["learner"]
+    assert variant["env_steps"] == 64 * 10 * (16 * 2 // 32)
+
+
 def test_an_unknown_variant_is_refused_naming_the_known_ones():
     result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "3",
                              "--variants=default,fast"], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "unknown fast" in result.stderr and "loops-in-command-buffers" in result.stderr
+    result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "3",
+                             "--programs=learner,evaluator"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "unknown evaluator" in result.stderr and "sim_flat_zero" in result.stderr
