@@ -2,9 +2,10 @@
 
 The asynchronous learner's update on ant-mlp is 128 minibatch steps of small MLPs (4 epochs x 32 minibatches of
 2,048 x 5 samples): ~0.6 ms each on an H100 (session 40), short enough for kernel launches to matter. The
-simulation's scan over 80 steps launches many small kernels per step too. XLA records straight-line code into
-CUDA graphs by default but launches a loop's body kernel by kernel unless WHILE (and CONDITIONAL) are among
-`--xla_gpu_enable_command_buffer`'s types. Each variant below runs in its own process (XLA reads its flags once),
+simulation's scan over 80 steps launches many small kernels per step too. Which of a program's kernels XLA records
+into CUDA graphs is set by `--xla_gpu_enable_command_buffer`'s types; whether a loop's body is among them by
+default depends on the XLA release, so the variants measure command buffers off, the default, and the default with
+WHILE and CONDITIONAL added. Each variant runs in its own process (XLA reads its flags once),
 one after the other, on the same GPU; each times the three programs of `scripts/gpu_overlap_probe.py` (the
 zero-action simulation scan, the actor's rollout of `--groups` groups and the learner's step on zeros) after a
 warm-up, `REPEATS` runs each, and reports the medians, every run and the compile seconds apart.
