@@ -61,7 +61,8 @@ def summarize(env_steps: int, updates_per_rollout: float, ceiling_s: float, acto
                                                 quota["learner_rate_alone"] / learner_reference_rate)
     ceiling = env_steps / ceiling_s
     return {"actor_share": actor_share, "learner_share": learner_share, "overlap": actor_share + learner_share,
-            "pace_s": pace, "paced_by": "actor" if quota["actor_beside_s"] >= learning_s else "learner", "both_busy_steps_per_s": both_busy, "both_busy_over_ceiling": both_busy / ceiling,
+            "pace_s": pace, "paced_by": "actor" if quota["actor_beside_s"] >= learning_s else "learner",
+            "both_busy_steps_per_s": both_busy, "both_busy_over_ceiling": both_busy / ceiling,
             "best_mix_steps_per_s": best, "best_mix_over_ceiling": best / ceiling}
 
 
@@ -101,6 +102,14 @@ def load_config(preset: str, train_args: list[str]):
     from jaxrose.presets import get_preset
 
     return tyro.cli(TrainConfig, default=get_preset(preset), args=train_args, prog="gpu_overlap_probe")
+
+
+def require_groups(config, groups: int) -> None:
+    """Stops with the fix named unless `groups` is a positive multiple of the preset's groups per update."""
+    if groups < 1 or groups % config.env.num_groups:
+        sys.exit(f"--groups={groups}: the actor's env groups must be a positive multiple of the preset's "
+                 f"env.num_groups ({config.env.num_groups}), one learner update per {config.env.num_groups}; "
+                 f"pass e.g. --groups={2 * config.env.num_groups}.")
 
 
 def learner_step_on_zeros(config):
@@ -202,7 +211,8 @@ def timed(compiled, args, repeats: int, min_seconds: float = 0.0) -> dict:
 
 def add_summaries(result: dict) -> None:
     """Each measured quota's summary, and the run's reference rates, from the raw times in `result`."""
-    measured = {q: e for q, e in result["quotas"].items() if e.get("learner_rate_beside") and e.get("learner_rate_alone")}
+    measured = {q: e for q, e in result["quotas"].items()
+                if e.get("learner_rate_beside") and e.get("learner_rate_alone")}
     if not measured:
         return
     env_steps, updates_per_rollout = result["env_steps"], result["updates_per_rollout"]
@@ -233,10 +243,7 @@ def main() -> None:
     import jax
 
     config = load_config(preset, train_args)
-    if groups < 1 or groups % config.env.num_groups:
-        sys.exit(f"--groups={groups}: the actor's env groups must be a positive multiple of the preset's "
-                 f"env.num_groups ({config.env.num_groups}), one learner update per {config.env.num_groups}; "
-                 f"pass e.g. --groups={2 * config.env.num_groups}.")
+    require_groups(config, groups)
     parts = actor_parts(config, groups)
     env_steps, updates_per_rollout = parts["env_steps"], parts["updates_per_rollout"]
 

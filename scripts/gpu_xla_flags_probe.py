@@ -11,7 +11,9 @@ zero-action simulation scan, the actor's rollout of `--groups` groups and the le
 warm-up, `REPEATS` runs each, and reports the medians, every run and the compile seconds apart.
 
 Usage: python3 scripts/gpu_xla_flags_probe.py [PRESET] [REPEATS] [--groups=2] [--variants=NAME,...]
-       [--programs=sim_flat_zero,actor,learner] [--out=PATH] [-- TRAIN SETTINGS, e.g. --ppo.off-policy-correction vtrace]
+       [--programs=sim_flat_zero,actor,learner] [--variant-seconds=600] [--out=PATH]
+       [-- TRAIN SETTINGS, e.g. --ppo.off-policy-correction vtrace]
+A variant whose process runs past --variant-seconds is killed and recorded as an error; the next one runs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import tempfile
 import time
 
 from gpu_output import write_out  # scripts/ is on the path when a script runs
-from gpu_overlap_probe import actor_parts, learner_step_on_zeros, load_config, split_args, timed
+from gpu_overlap_probe import actor_parts, learner_step_on_zeros, load_config, require_groups, split_args, timed
 
 PROGRAMS = ("sim_flat_zero", "actor", "learner")
 
@@ -89,6 +91,8 @@ def main() -> None:
     unknown = [p for p in programs if p not in PROGRAMS]
     if unknown:
         sys.exit(f"--programs: unknown {', '.join(unknown)}; choose among {', '.join(PROGRAMS)}.")
+    require_groups(load_config(preset, train_args), groups)  # here, not once per variant's process
+    variant_seconds = float(options.get("variant-seconds", 600))
     result = {"git_commit": os.environ.get("JAXROSE_GIT_COMMIT"), "preset": preset, "train_args": train_args,
               "groups": groups, "repeats": repeats, "programs": programs,
               "base_xla_flags": os.environ.get("XLA_FLAGS", ""), "variants": {}}
@@ -97,14 +101,20 @@ def main() -> None:
         flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), VARIANTS[name]) if f)
         env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": os.pathsep.join(sys.path)}
         started = time.perf_counter()
-        child = subprocess.run([sys.executable, __file__, preset, str(repeats), f"--groups={groups}",
-                                f"--measure={report}", f"--programs={','.join(programs)}", "--", *train_args],
-                               env=env, capture_output=True, text=True)
-        if child.returncode == 0 and os.path.exists(report):
+        try:
+            child = subprocess.run([sys.executable, __file__, preset, str(repeats), f"--groups={groups}",
+                                    f"--measure={report}", f"--programs={','.join(programs)}", "--", *train_args],
+                                   env=env, capture_output=True, text=True, timeout=variant_seconds)
+            error, stderr = (None if child.returncode == 0 and os.path.exists(report)
+                             else f"exit code {child.returncode}"), child.stderr
+        except subprocess.TimeoutExpired as expired:
+            error = f"killed past --variant-seconds={variant_seconds:g}"
+            stderr = expired.stderr or b""  # what it wrote before the kill, in bytes (subprocess's own contract)
+            stderr = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+        if error is None:
             result["variants"][name] = json.load(open(report))
         else:
-            result["variants"][name] = {"xla_flags": flags, "error": f"exit code {child.returncode}",
-                                        "stderr_tail": child.stderr[-2000:]}
+            result["variants"][name] = {"xla_flags": flags, "error": error, "stderr_tail": stderr[-2000:]}
         result["variants"][name]["process_s"] = time.perf_counter() - started
         compare(result)
         print(name, json.dumps({k: v for k, v in result["variants"][name].items()

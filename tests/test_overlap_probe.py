@@ -79,7 +79,8 @@ def test_a_whole_run_on_the_cpu(tmp_path):
         [sys.executable, os.path.join(SCRIPTS, "gpu_overlap_probe.py"), "point-mass", "3", "--groups=2",
          "--quotas=100,50", "--window=0.5", f"--out={out}", "--", "--env.num-envs", "32", "--ppo.batch-size", "16",
          "--ppo.num-minibatches", "2", "--ppo.off-policy-correction", "vtrace"],
-        capture_output=True, text=True, timeout=300, env={**{k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS")}, "JAX_PLATFORMS": "cpu"})
+        capture_output=True, text=True, timeout=300,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS")}, "JAX_PLATFORMS": "cpu"})
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mps"] is False and report["envs"] == 64 and report["updates_per_rollout"] == 2

@@ -55,3 +55,25 @@ def test_an_unknown_variant_is_refused_naming_the_known_ones():
     result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "3",
                              "--programs=learner,evaluator"], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "unknown evaluator" in result.stderr and "sim_flat_zero" in result.stderr
+
+
+def test_groups_that_do_not_divide_into_updates_are_refused_before_any_variant_runs(tmp_path):
+    out = tmp_path / "flags.json"
+    result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "3",
+                             "--groups=3", f"--out={out}", "--", "--env.num-groups", "2", "--env.num-envs", "32"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode != 0 and "env.num_groups (2)" in result.stderr and "--groups=4" in result.stderr
+    assert not out.exists()
+
+
+def test_a_variant_past_its_time_is_killed_and_recorded_and_the_next_one_runs(tmp_path):
+    out = tmp_path / "flags.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "2", "--groups=2",
+         "--variants=default,no-command-buffers", "--programs=learner", "--variant-seconds=0.5", f"--out={out}",
+         "--", "--env.num-envs", "32", "--ppo.batch-size", "16", "--ppo.num-minibatches", "2"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    variants = json.loads(out.read_text())["variants"]
+    assert list(variants) == ["default", "no-command-buffers"]  # the second ran after the first was killed
+    assert all(v["error"] == "killed past --variant-seconds=0.5" for v in variants.values())
