@@ -286,6 +286,11 @@ class RunConfig:
     straight-line code, leaving one device loop (over unrolls) instead of two nested ones. Same
     results; a longer compile. For GPUs, where entering a device loop has a cost of its own
     (`scripts/gpu_actor_probe.py` measures both shapes)."""
+    learner_unroll: int = 1
+    """SGD steps per device-loop iteration of the learner's minibatch loop (`lax.scan`'s unroll): the
+    same updates in fewer loop iterations. For GPUs, where each iteration of a device loop costs time
+    beside its kernels (`scripts/gpu_xla_flags_probe.py` times it); a longer compile. At or above the
+    minibatch count, the loop becomes straight-line code."""
     learner_priority: Literal["normal", "below-normal"] = "normal"
     """MPS scheduling priority of the training process itself, fixed at start like its quota: at
     below-normal its kernels run only when no normal client's are ready (asynchronous mode: the
@@ -340,6 +345,7 @@ class RunConfig:
         _require(self.learner_sm_percentage is None or 1 <= self.learner_sm_percentage <= 100,
                  f"run.learner_sm_percentage must be a percentage in [1, 100], got {self.learner_sm_percentage}.")
         _require(self.devices >= 1, f"run.devices must be >= 1, got {self.devices}.")
+        _require(self.learner_unroll >= 1, f"run.learner_unroll must be >= 1, got {self.learner_unroll}.")
         _require(self.actors >= 1, f"run.actors must be >= 1, got {self.actors}.")
         _require(self.max_policy_lag >= 0, f"run.max_policy_lag must be >= 0, got {self.max_policy_lag}.")
         _require(self.actor_run_ahead >= 0, f"run.actor_run_ahead must be >= 0, got {self.actor_run_ahead}.")

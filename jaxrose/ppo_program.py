@@ -128,8 +128,10 @@ def minibatch_count(ppo: PPOConfig, segments: int) -> int:
     return count
 
 
-def learner_nodes(net: ActorCritic, ppo: PPOConfig, optimizer: optax.GradientTransformation) -> tuple:
-    """The PPO update on `batch`: writes `params`, `opt_state`, `normalizer`, `learner_key`, `loss_metrics`."""
+def learner_nodes(net: ActorCritic, ppo: PPOConfig, optimizer: optax.GradientTransformation,
+                  minibatch_unroll: int = 1) -> tuple:
+    """The PPO update on `batch`: writes `params`, `opt_state`, `normalizer`, `learner_key`, `loss_metrics`.
+    `minibatch_unroll` SGD steps run per iteration of the device loop over minibatches (`run.learner_unroll`)."""
     grad_fn = jax.grad(ppo_loss, has_aux=True)
 
     def update_normalizer(normalizer, batch):
@@ -161,7 +163,8 @@ def learner_nodes(net: ActorCritic, ppo: PPOConfig, optimizer: optax.GradientTra
         Stage("split_learner_key", split_learner_key, ("learner_key",), ("learner_key", "epoch_key"), "rng"),
         Loop("epoch", length=ppo.num_updates_per_batch, collect={"loss_metrics": "epoch_metrics"}, body=(
             Stage("shuffle", shuffle, ("epoch_key", "batch"), ("epoch_key", "grad_key", "minibatches"), "learner"),
-            Loop("minibatch", over={"minibatch": "minibatches"}, collect={"epoch_metrics": "step_metrics"}, body=(
+            Loop("minibatch", over={"minibatch": "minibatches"}, collect={"epoch_metrics": "step_metrics"},
+                 unroll=minibatch_unroll, body=(
                 Stage("sgd_step", sgd_step, ("params", "opt_state", "grad_key", "minibatch", "normalizer"),
                       ("params", "opt_state", "grad_key", "step_metrics"), "learner"),
             )),
@@ -185,7 +188,7 @@ def make_ppo_program(env, net: ActorCritic, config: TrainConfig,
     return Program("ppo", (
         *rollout_nodes(env, net, config),
         Stage("prepare_batch", prepare_batch, ("unrolls",), ("batch", "episode_stats"), "learner"),
-        *learner_nodes(net, config.ppo, optimizer),
+        *learner_nodes(net, config.ppo, optimizer, config.run.learner_unroll),
         Stage("reduce_metrics", reduce_metrics, ("loss_metrics", "episode_stats"), ("metrics",), "logging"),
     ))
 
@@ -196,11 +199,11 @@ def run_state_to_program_state(state) -> dict[str, Any]:
             "learner_key": learner.key, "env_state": state.env_state, "key": state.key}
 
 
-def make_learner(net: ActorCritic, observation_size: int, config: PPOConfig) -> Learner:
+def make_learner(net: ActorCritic, observation_size: int, config: PPOConfig, minibatch_unroll: int = 1) -> Learner:
     """PPO as a pure learner: `init(key) -> LearnerState`, `update(LearnerState, Batch) -> (LearnerState, metrics)`;
     `update` runs the learner stages of PPO's program as written."""
     optimizer = make_optimizer(config)
-    program = Program("ppo_update", learner_nodes(net, config, optimizer))
+    program = Program("ppo_update", learner_nodes(net, config, optimizer, minibatch_unroll))
 
     def init(key: jax.Array) -> LearnerState:
         params_key, learner_key = jax.random.split(key)

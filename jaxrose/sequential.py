@@ -75,7 +75,7 @@ class SequentialExecutor:
                                            config.env.envs_per_group)
         self.net = make_actor_critic(self.observation_size, self.action_size, config.network,
                                      config.ppo.normalize_observations)
-        self.learner = make_learner(self.net, self.observation_size, config.ppo)
+        self.learner = make_learner(self.net, self.observation_size, config.ppo, config.run.learner_unroll)
         self.program = program or make_ppo_program(self.train_env, self.net, config, make_optimizer(config.ppo))
         self._compiled = None
         if config.run.devices == 1 and jax.process_count() == 1:

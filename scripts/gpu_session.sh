@@ -44,7 +44,8 @@
 #   priority  ant-mlp async at MPS priorities learner:evaluator normal:normal, below-normal:below-normal,
 #           normal:below-normal, normal:normal again, then the sim ceiling (~6 min with a warm compile cache)
 #   xlaflags [PRESET] [GROUPS] [VARIANTS] [PROGRAMS]: sim scan, actor rollout and learner step timed per XLA command-buffer
-#           variant, each in its own process (scripts/gpu_xla_flags_probe.py; ~1 min a variant with a warm cache)
+#           variant or learner unroll (run.learner_unroll 4, 32), each in its own process (scripts/gpu_xla_flags_probe.py;
+#           ~1 min a variant with a warm cache)
 #   actor   [PRESET] [alone]: where the async actor's rollout time goes (scripts/gpu_actor_probe.py; ~4 min;
 #           with `alone`, without the runs beside a learner process, ~2 min)
 #   probe   [PRESET]: where the tuned plan's gain comes from (scripts/gpu_plan_probe.py), with and without this

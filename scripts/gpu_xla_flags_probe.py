@@ -30,12 +30,16 @@ from gpu_overlap_probe import actor_parts, learner_step_on_zeros, load_config, r
 
 PROGRAMS = ("sim_flat_zero", "actor", "learner")
 
-# Each variant's XLA flags, added to whatever XLA_FLAGS the caller set.
+# Each variant's XLA flags (added to whatever XLA_FLAGS the caller set) and train settings (added to the caller's).
+# The learner-unroll variants keep XLA's flags and run 4, then all 32, of ant-mlp's minibatch steps per iteration
+# of the learner's device loop (run.learner_unroll): the same updates in fewer loop iterations.
 VARIANTS = {
-    "default": "",
-    "no-command-buffers": "--xla_gpu_enable_command_buffer=",
-    "loops-in-command-buffers": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
-    "loops-any-size": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1",
+    "default": ("", ()),
+    "no-command-buffers": ("--xla_gpu_enable_command_buffer=", ()),
+    "loops-in-command-buffers": ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL", ()),
+    "loops-any-size": ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1", ()),
+    "learner-unroll-4": ("", ("--run.learner-unroll", "4")),
+    "learner-unroll-32": ("", ("--run.learner-unroll", "32")),
 }
 
 
@@ -54,7 +58,8 @@ def measure(preset: str, train_args: list[str], groups: int, repeats: int, repor
         programs["learner"] = (step, (learner, unrolls))
     env_steps = config.unrolls_per_iteration * config.ppo.unroll_length * groups * config.env.envs_per_group
     report = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "device": str(jax.devices()[0]), "env_steps": env_steps,
-              "updates_per_rollout": groups / config.env.num_groups, "compile_s": {}}
+              "updates_per_rollout": groups / config.env.num_groups, "learner_unroll": config.run.learner_unroll,
+              "compile_s": {}}
     for name in names:
         fn, args = programs[name]
         start = time.perf_counter()
@@ -98,12 +103,14 @@ def main() -> None:
               "base_xla_flags": os.environ.get("XLA_FLAGS", ""), "variants": {}}
     for name in names:
         report = os.path.join(tempfile.mkdtemp(), "report.json")
-        flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), VARIANTS[name]) if f)
+        variant_flags, variant_args = VARIANTS[name]
+        flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), variant_flags) if f)
         env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": os.pathsep.join(sys.path)}
         started = time.perf_counter()
         try:
             child = subprocess.run([sys.executable, __file__, preset, str(repeats), f"--groups={groups}",
-                                    f"--measure={report}", f"--programs={','.join(programs)}", "--", *train_args],
+                                    f"--measure={report}", f"--programs={','.join(programs)}", "--", *train_args,
+                                    *variant_args],
                                    env=env, capture_output=True, text=True, timeout=variant_seconds)
             error, stderr = (None if child.returncode == 0 and os.path.exists(report)
                              else f"exit code {child.returncode}"), child.stderr
@@ -115,6 +122,7 @@ def main() -> None:
             result["variants"][name] = json.load(open(report))
         else:
             result["variants"][name] = {"xla_flags": flags, "error": error, "stderr_tail": stderr[-2000:]}
+        result["variants"][name]["variant_train_args"] = list(variant_args)
         result["variants"][name]["process_s"] = time.perf_counter() - started
         compare(result)
         print(name, json.dumps({k: v for k, v in result["variants"][name].items()

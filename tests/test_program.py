@@ -48,6 +48,54 @@ def test_unrolled_rollout_steps_compute_the_same_iteration(tiny_config):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("unroll", [2, 64])
+def test_unrolled_learner_minibatch_loop_computes_the_same_iteration(tiny_config, unroll):
+    """`run.learner_unroll`: several SGD steps per device-loop iteration (64: more than the minibatches,
+    so no loop at all) give the training state of one step per iteration, iteration after iteration."""
+    from jaxrose.config import replace
+
+    unrolled = SequentialExecutor(replace(tiny_config, **{"run.learner_unroll": unroll}))
+    looped = SequentialExecutor(tiny_config)
+    assert tiny_config.ppo.num_minibatches % 2 == 0 and tiny_config.ppo.num_minibatches < 64
+    epoch = [n for n in unrolled.program.body if isinstance(n, Loop) and n.name == "epoch"][0]
+    assert epoch.body[1].name == "minibatch" and epoch.body[1].unroll == unroll
+    state_a, state_b = unrolled.init(jax.random.PRNGKey(3)), looped.init(jax.random.PRNGKey(3))
+    for _ in range(3):
+        state_a, _ = unrolled.step(state_a)
+        state_b, _ = looped.step(state_b)
+    for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_asynchronous_learners_update_unrolls_its_minibatch_loop(tiny_config):
+    """The learner the asynchronous mode calls (`executor.learner.update`) takes `run.learner_unroll` too:
+    unrolled past the minibatch count, its compiled update loses the device loop that runs once per minibatch
+    (the epochs' loop stays) and gives the same learner state on a real rollout's batch."""
+    import re
+
+    from jaxrose.config import replace
+    from jaxrose.ppo_program import rollout_nodes, to_batch
+
+    looped = SequentialExecutor(tiny_config)
+    unrolled = SequentialExecutor(replace(tiny_config, **{"run.learner_unroll": 64}))
+    learner = looped.learner.init(jax.random.PRNGKey(0))
+    rollout = Program("rollout", rollout_nodes(looped.train_env, looped.net, tiny_config))
+    unrolls = jax.jit(lambda s: run_program(rollout, {"params": learner.params, "normalizer": learner.normalizer,
+                                                      "env_state": s, "key": jax.random.PRNGKey(2)})["unrolls"])(
+        looped.train_env.reset(jax.random.PRNGKey(1)))
+    batch = to_batch(unrolls)[0]
+    compiled = {name: jax.jit(executor.learner.update).lower(learner, batch).compile()
+                for name, executor in (("looped", looped), ("unrolled", unrolled))}
+    trips = {name: re.findall(r'known_trip_count":\{"n":"(\d+)"', c.as_text()) for name, c in compiled.items()}
+    minibatches, epochs = str(tiny_config.ppo.num_minibatches), str(tiny_config.ppo.num_updates_per_batch)
+    assert trips["looped"].count(minibatches) == 1 and minibatches not in trips["unrolled"], trips
+    assert trips["looped"].count(epochs) == trips["unrolled"].count(epochs) == 1, trips
+    state_a, state_b = compiled["unrolled"](learner, batch)[0], compiled["looped"](learner, batch)[0]
+    for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(jax.tree.leaves(state_a.params)[0], jax.tree.leaves(learner.params)[0])  # it learned
+
+
 def test_ppo_program_validates_and_lists_components(tiny_config):
     program = SequentialExecutor(tiny_config).program
     program.validate(set(ITERATION_INPUTS))
@@ -116,3 +164,10 @@ def test_loop_needs_a_trip_count():
         Loop("forever", body=())
     with pytest.raises(ProgramError, match="unroll 0"):
         Loop("nowhere", length=3, unroll=0, body=())
+
+
+def test_a_learner_unroll_below_one_is_refused_naming_the_setting(tiny_config):
+    from jaxrose.config import ConfigError, replace
+
+    with pytest.raises(ConfigError, match=r"run\.learner_unroll must be >= 1, got 0"):
+        replace(tiny_config, **{"run.learner_unroll": 0})

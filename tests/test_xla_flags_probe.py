@@ -47,6 +47,23 @@ def test_only_the_named_programs_are_timed(tmp_path):
     assert variant["env_steps"] == 64 * 10 * (16 * 2 // 32)
 
 
+def test_a_learner_unroll_variant_trains_with_its_setting_under_the_callers_flags(tmp_path):
+    out = tmp_path / "flags.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "2", "--groups=2",
+         "--variants=default,learner-unroll-4", "--programs=learner", f"--out={out}", "--",
+         "--env.num-envs", "32", "--ppo.batch-size", "16", "--ppo.num-minibatches", "2"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    default, variant = report["variants"]["default"], report["variants"]["learner-unroll-4"]
+    assert default["learner_unroll"] == 1 and default["variant_train_args"] == []
+    assert variant["learner_unroll"] == 4 and variant["variant_train_args"] == ["--run.learner-unroll", "4"]
+    assert variant["xla_flags"] == report["base_xla_flags"]  # code, not flags, differs
+    assert variant["over_default"]["learner"] == pytest.approx(
+        variant["learner"]["median_s"] / default["learner"]["median_s"])
+
+
 def test_an_unknown_variant_is_refused_naming_the_known_ones():
     result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "3",
                              "--variants=default,fast"], capture_output=True, text=True, timeout=120)
