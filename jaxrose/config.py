@@ -290,7 +290,8 @@ class RunConfig:
     """SGD steps per device-loop iteration of the learner's minibatch loop (`lax.scan`'s unroll): the
     same updates in fewer loop iterations. For GPUs, where each iteration of a device loop costs time
     beside its kernels (`scripts/gpu_xla_flags_probe.py` times it); a longer compile. At or above the
-    minibatch count, the loop becomes straight-line code."""
+    minibatch count, the loop becomes straight-line code. On an H100, 4 and 32 made ant-mlp's learner
+    step 6% slower (BENCHMARKS.md, session 42), hence the default of 1."""
     learner_priority: Literal["normal", "below-normal"] = "normal"
     """MPS scheduling priority of the training process itself, fixed at start like its quota: at
     below-normal its kernels run only when no normal client's are ready (asynchronous mode: the

@@ -77,8 +77,6 @@
 #   overlap [PRESET] [GROUPS] [QUOTAS]: how much of the async learner's work hides behind the actor's rollout of
 #           GROUPS env groups (default 2) per learner SM quota (default "100,50,25"), V-trace learner
 #           (scripts/gpu_overlap_probe.py; ~4 min; OVERLAP_ARGS adds train settings)
-#   lunroll [UNROLLS] [STEPS]: session 40's async learner-quota run (ant-mlp 20M) per run.learner_unroll (default
-#           "1 32 1 32"), each bounded by LUNROLL_SECONDS (150); XLA_FLAGS passes through (~2 min a run, warm cache)
 #   ceiling [PRESET] [ENVS] [SECONDS]: the simulation ceiling (sim system, 5 repeats) at each env count in ENVS
 #           (default "8192 16384 32768"), each bounded by SECONDS (default 120); ceiling.tar.gz rewritten after each
 #   collect NAME [SECONDS]: waits up to SECONDS (default 570) for that run, prints its [bench] lines and brings
@@ -275,20 +273,6 @@ case "${1:?stage}" in
            "${2:-ant-mlp}" 9 --groups="${3:-2}" ${4:+--variants=$4} ${5:+--programs=$5} --out="$out/xla_flags_probe.json" -- \
            --ppo.off-policy-correction vtrace ${XLAFLAGS_ARGS:-} > "$out/xla_flags_probe.log" 2>&1
          echo "exit $?"; grep -v "^{\|warp\|warn" "$out/xla_flags_probe.log" | tail -14; tail -1 "$out/xla_flags_probe.log" ;;
-  lunroll) # [UNROLLS] [STEPS]: the async system of session 40's learner-quota runs (ant-mlp, 2 groups grown by the
-        # manager, V-trace, lag target 3) per run.learner_unroll in UNROLLS (default "1 32 1 32": alternated, so drift
-        # shows), each bounded by LUNROLL_SECONDS (default 150); XLA_FLAGS as the caller set them; the bundle
-        # rewritten after each run
-        mkdir -p /tmp/lunroll; i=0; for u in ${2:-1 32 1 32}; do i=$((i + 1))
-          timeout "${LUNROLL_SECONDS:-150}" python3 -m jaxrose.cli bench --preset ant-mlp --total-env-steps "${3:-20000000}" \
-            --num-evals 3 --systems async --repeats 3 --async-group-levels 1,2,4 --out "/tmp/lunroll/u$u-$i" \
-            -- --run.actors 1 --run.compile-cache /tmp/bg/cc --run.resources.grow-keeps update_size \
-            --run.max-policy-lag 7 --run.resources.interval 2 --run.seed 0 --ppo.off-policy-correction vtrace \
-            --run.resources.lag-target 3 --run.resources.start-groups 2 --run.learner-unroll "$u" \
-            > "/tmp/lunroll/u$u-$i.log" 2>&1 || echo "learner unroll $u (run $i): exit $?"
-          echo "unroll $u (run $i): $(grep "\[bench\]" "/tmp/lunroll/u$u-$i.log" | tail -2)"
-          tar -czf "$out/lunroll.tar.gz" -C /tmp lunroll
-        done ;;
   ceiling) # [PRESET] [ENVS] [SECONDS]: one bench of the sim system per env count, the bundle rewritten after each
         mkdir -p /tmp/ceiling; for n in ${3:-8192 16384 32768}; do
           timeout "${4:-120}" python3 -m jaxrose.cli bench --preset "${2:-ant-mlp}" --systems sim --repeats 5 \
