@@ -33,35 +33,26 @@ def test_each_variant_runs_with_its_flags_and_is_compared_with_the_default(tmp_p
         assert default["over_default"][program] == 1.0
 
 
-def test_only_the_named_programs_are_timed(tmp_path):
+def test_only_the_named_programs_are_timed_and_a_learner_unroll_variant_keeps_the_callers_flags(tmp_path):
     out = tmp_path / "flags.json"
     result = subprocess.run(
         [sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "2", "--groups=2",
-         "--variants=default,loops-in-command-buffers", "--programs=learner", f"--out={out}", "--",
-         "--env.num-envs", "32", "--ppo.batch-size", "16", "--ppo.num-minibatches", "2"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    variant = json.loads(out.read_text())["variants"]["loops-in-command-buffers"]
-    assert list(variant["compile_s"]) == ["learner"] and "actor" not in variant and "sim_flat_zero" not in variant
-    assert list(variant["over_default"]) == ["learner"]
-    assert variant["env_steps"] == 64 * 10 * (16 * 2 // 32)
-
-
-def test_a_learner_unroll_variant_trains_with_its_setting_under_the_callers_flags(tmp_path):
-    out = tmp_path / "flags.json"
-    result = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "gpu_xla_flags_probe.py"), "point-mass", "2", "--groups=2",
-         "--variants=default,learner-unroll-4", "--programs=learner", f"--out={out}", "--",
+         "--variants=default,loops-in-command-buffers,learner-unroll-4", "--programs=learner", f"--out={out}", "--",
          "--env.num-envs", "32", "--ppo.batch-size", "16", "--ppo.num-minibatches", "2"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
-    default, variant = report["variants"]["default"], report["variants"]["learner-unroll-4"]
+    default, loops = report["variants"]["default"], report["variants"]["loops-in-command-buffers"]
+    assert list(loops["compile_s"]) == ["learner"] and "actor" not in loops and "sim_flat_zero" not in loops
+    assert list(loops["over_default"]) == ["learner"]
+    assert loops["env_steps"] == 64 * 10 * (16 * 2 // 32)
+    # the unroll variant trains with its setting; code, not flags, differs from the default
+    unroll = report["variants"]["learner-unroll-4"]
     assert default["learner_unroll"] == 1 and default["variant_train_args"] == []
-    assert variant["learner_unroll"] == 4 and variant["variant_train_args"] == ["--run.learner-unroll", "4"]
-    assert variant["xla_flags"] == report["base_xla_flags"]  # code, not flags, differs
-    assert variant["over_default"]["learner"] == pytest.approx(
-        variant["learner"]["median_s"] / default["learner"]["median_s"])
+    assert unroll["learner_unroll"] == 4 and unroll["variant_train_args"] == ["--run.learner-unroll", "4"]
+    assert unroll["xla_flags"] == report["base_xla_flags"]
+    assert unroll["over_default"]["learner"] == pytest.approx(
+        unroll["learner"]["median_s"] / default["learner"]["median_s"])
 
 
 def test_an_unknown_variant_is_refused_naming_the_known_ones():
