@@ -48,7 +48,7 @@ class ProcessEvaluator:
     """Controller side: submit parameters without waiting; collect results as they finish."""
 
     def __init__(self, config: TrainConfig, env: Optional[dict[str, str]] = None, timeout: float = 600.0):
-        self.worker = Worker("evaluator", _serve, (config,), env)
+        self.worker = Worker("evaluator", _serve, (config,), env, send_timeout=timeout)
         self.timeout = timeout
         self.outstanding: set[int] = set()
 
@@ -57,7 +57,7 @@ class ProcessEvaluator:
 
     def submit(self, iteration: int, learner) -> None:
         params, normalizer = jax.device_get((learner.params, learner.normalizer))
-        self.worker.send(("evaluate", iteration, params, normalizer))
+        self.worker.send(("evaluate", iteration, params, normalizer), timeout=self.timeout)
         self.outstanding.add(iteration)
 
     def _receive(self, timeout: float) -> tuple[int, dict]:

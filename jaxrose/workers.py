@@ -2,7 +2,9 @@
 
 A worker runs `target(conn, *args)` and talks to the controller over a pipe. The controller never
 waits on a worker blindly: every receive polls with a timeout and checks that the process is still
-alive, so a worker that dies or hangs becomes a `WorkerError` within seconds, not a hang.
+alive, and every send runs in a thread the controller watches the same way (a message larger than
+the pipe's buffer blocks until the worker reads it), so a worker that dies or hangs becomes a
+`WorkerError`, not a hang.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -53,8 +56,12 @@ def _worker_main(target: Callable, conn, args: tuple) -> None:
 class Worker:
     """One spawned process. `start` waits for its ("ready", info) message."""
 
-    def __init__(self, name: str, target: Callable, args: tuple = (), env: Optional[dict[str, str]] = None):
+    def __init__(self, name: str, target: Callable, args: tuple = (), env: Optional[dict[str, str]] = None,
+                 send_timeout: float = 300.0):
         self.name = name
+        self.send_timeout = send_timeout  # how long a send may wait for the worker to read it
+        self._wedged = False  # a send timed out part-way: the pipe holds a partial message
+        self._ready = False
         self._ctx = mp.get_context("spawn")
         self._conn, self._child_conn = self._ctx.Pipe()
         self.process = self._ctx.Process(target=_worker_main, args=(target, self._child_conn, args), name=name,
@@ -82,6 +89,7 @@ class Worker:
         if kind != "ready":
             raise WorkerError(f"Worker {self.name} sent {kind!r} before it was ready.")
         self.info = {**payload[0], "start_seconds": time.perf_counter() - self._launched}
+        self._ready = True
         from jaxrose.mps import MpsAttachWarning, attachment_problem
 
         problem = attachment_problem(self.env, self.info)
@@ -90,11 +98,40 @@ class Worker:
             warnings.warn(f"Worker {self.name}: {problem}.", MpsAttachWarning, stacklevel=2)
         return self.info
 
-    def send(self, message: Any) -> None:
-        try:
-            self._conn.send(message)
-        except (BrokenPipeError, EOFError, OSError) as error:
-            raise self.death_error(f"while sending ({error})") from error
+    def send(self, message: Any, timeout: Optional[float] = None) -> None:
+        """Sends `message`; raises a `WorkerError` if the worker dies, or has not read it within
+        `timeout` seconds (default `send_timeout`), instead of blocking for good."""
+        if self._wedged:
+            raise WorkerError(f"Worker {self.name} (pid {self.process.pid}) did not read an earlier message; "
+                              f"it cannot take more. Stop it and restart the run from its last checkpoint.")
+        timeout = self.send_timeout if timeout is None else timeout
+        failure: list[BaseException] = []
+
+        def deliver() -> None:
+            try:
+                self._conn.send(message)
+            except BaseException as error:  # re-raised below, in the caller's thread
+                failure.append(error)
+
+        sender = threading.Thread(target=deliver, name=f"{self.name}-send", daemon=True)
+        sender.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            sender.join(0.05)
+            if not sender.is_alive():
+                break
+            if not self.process.is_alive():
+                self._wedged = True
+                raise self.death_error("while a message to it was being sent")
+            if time.monotonic() > deadline:
+                self._wedged = True
+                raise WorkerError(f"Worker {self.name} (pid {self.process.pid}) did not read a message within "
+                                  f"{timeout:.0f} s; it may be hung. It will be stopped; check its device and logs.")
+        if failure:
+            error = failure[0]
+            if isinstance(error, (BrokenPipeError, EOFError, OSError)):
+                raise self.death_error(f"while sending ({error})") from error
+            raise error
 
     def poll(self) -> bool:
         return self._conn.poll()
@@ -106,7 +143,7 @@ class Worker:
                 try:
                     message = self._conn.recv()
                 except (EOFError, OSError) as error:
-                    raise self.death_error(f"while receiving ({error})") from error
+                    raise self.death_error(f"before answering{f' ({error})' if str(error) else ''}") from error
                 if message[0] == "error":
                     raise WorkerError(f"Worker {self.name} raised an exception:\n{message[1]}")
                 return message
@@ -119,15 +156,25 @@ class Worker:
     def death_error(self, when: str) -> WorkerError:
         """The error to raise for a worker found dead (reaps it first, to read its exit code)."""
         self.process.join(1.0)
-        return WorkerError(f"Worker {self.name} (pid {self.process.pid}) died {when}, exit code "
-                           f"{self.process.exitcode}. The run stopped; the last checkpoint is intact and "
-                           f"`--run.resume` continues from it.")
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            cause = f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"signal {-code}"
+            if -code == signal.SIGKILL:
+                cause += " (often the kernel's out-of-memory killer: check `dmesg` and the run's memory use)"
+        else:
+            cause = f"exit code {code}"
+        if not self._ready:
+            return WorkerError(f"Worker {self.name} (pid {self.process.pid}) died {when}, while starting up, "
+                               f"{cause}. Nothing was trained; its own output above says why.")
+        return WorkerError(f"Worker {self.name} (pid {self.process.pid}) died {when}, {cause}. The run stopped; "
+                           f"the last checkpoint is intact and `--run.resume` continues from it.")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Asks the worker to finish, then terminates and finally kills it if it does not."""
-        if self.process.is_alive():
+        """Asks the worker to finish (it drops what it has not started), then terminates and finally
+        kills it if it does not."""
+        if self.process.is_alive() and not self._wedged:
             with contextlib.suppress(Exception):
-                self._conn.send(("stop",))
+                self.send(("stop",), timeout=min(timeout, 5.0))
             self.process.join(timeout)
         if self.process.is_alive():
             self.process.terminate()
@@ -140,11 +187,13 @@ class Worker:
 
 class Inbox:
     """A worker's messages, read by a thread as they arrive, so a controller sending to a busy worker
-    (its main thread inside a jitted call) never waits for it; a closed pipe reads as ("stop",)."""
+    (its main thread inside a jitted call) never waits for it; a closed pipe reads as ("stop",), and
+    a stop overtakes the messages queued before it."""
 
     def __init__(self, conn):
         self._queue: queue.Queue = queue.Queue()
         self._conn = conn
+        self._stopped = threading.Event()
         threading.Thread(target=self._read, name="worker-inbox", daemon=True).start()
 
     def _read(self) -> None:
@@ -153,11 +202,15 @@ class Inbox:
                 message = self._conn.recv()
             except (EOFError, OSError):  # the controller is gone
                 message = ("stop",)
+            if message[0] == "stop":
+                self._stopped.set()
             self._queue.put(message)
             if message[0] == "stop":
                 return
 
     def get(self, block: bool) -> Optional[tuple]:
+        if self._stopped.is_set():
+            return ("stop",)
         try:
             return self._queue.get(block=block)
         except queue.Empty:
