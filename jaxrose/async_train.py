@@ -29,6 +29,7 @@ from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.mps import prepare_clients
 from jaxrose.nonfinite import NonFinitePolicy
 from jaxrose.resources import ResourceManager, initial_allocation, quota_env
+from jaxrose.run_folder import drop_metrics_after, resumes_in_place, set_aside_earlier_run
 
 
 def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, env=None):
@@ -48,6 +49,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
     saver, manager = None, None
     if write_outputs:
         os.makedirs(out_dir, exist_ok=True)
+        set_aside_earlier_run(out_dir, run.resume)  # a fresh run's files never mix with an earlier run's
         saver = async_checkpoint.BackgroundSaver(
             Checkpointer(os.path.join(out_dir, "checkpoints"), keep=run.keep_checkpoints), config)
         sinks.append(JsonlWriter(os.path.join(out_dir, "metrics.jsonl")))
@@ -94,9 +96,14 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
         resumed = None
         if run.resume:
             source = Checkpointer(os.path.join(os.path.abspath(run.resume), "checkpoints"))
-            resumed = async_checkpoint.restore(source, trainer.template(), config)
+            try:
+                resumed = async_checkpoint.restore(source, trainer.template(), config)
+            finally:
+                source.close()
             if saver is not None:  # the restore may have moved a damaged step aside
                 saver.checkpointer.reload()
+                if resumes_in_place(out_dir, run.resume):
+                    drop_metrics_after(os.path.join(out_dir, "metrics.jsonl"), resumed.env_steps)
         if managed:
             manager = ResourceManager(run.resources, run.actors, quota_env(run.use_mps, run.compile_cache),
                                       os.path.join(out_dir, "resources.jsonl") if write_outputs else None)

@@ -15,16 +15,24 @@ Callback = Callable[[int, Mapping[str, float]], None]
 
 
 class JsonlWriter:
+    """Appends one JSON record per call. The file opens at the first record, so a resumed run can drop
+    the records past its checkpoint first (`run_folder.drop_metrics_after`)."""
+
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self._file = open(path, "a", buffering=1)
+        self.path = path
+        self._file = None
 
     def __call__(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self._file is None:
+            self._file = open(self.path, "a", buffering=1)
         record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class TensorBoardWriter:

@@ -158,16 +158,12 @@ class Checkpointer:
         if meta.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"Checkpoint in {self.directory} has format version "
                                   f"{meta.get('format_version')}, this jaxrose reads {FORMAT_VERSION}.")
-        saved, current = meta["config"], json.loads(json.dumps(dataclasses.asdict(config)))
-        for section in ("env", "network", "ppo"):
-            if saved.get(section) != current[section]:
-                raise CheckpointError(f"Checkpoint in {self.directory} was written with different {section} "
-                                      f"settings ({saved.get(section)} vs {current[section]}); resume with "
-                                      f"the same settings or start a new run.out_dir.")
+        _check_settings(meta, config, self.directory)
         return _unflatten(target, restored["state"])
 
     def _check_layout(self, step: int, config) -> None:
-        """The state's tree depends on the mode (and the actor count): say so before orbax fails on it."""
+        """The state's tree depends on the mode (and the actor count), its shapes on the settings: say
+        which differ before orbax fails on a shape, which would read as a damaged step."""
         try:
             saved = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception:  # unreadable metadata: the full restore reports it as damage
@@ -176,6 +172,8 @@ class Checkpointer:
         if layout != _layout(config):
             raise CheckpointError(f"Checkpoint step {step} in {self.directory} holds a {layout} run's state, not "
                                   f"a {_layout(config)} one; resume with the same run.mode and run.actors.")
+        if isinstance(saved.get("config"), dict):
+            _check_settings(saved, config, self.directory)
 
     def _set_aside(self, folder: str) -> str:
         """Renames a damaged step's folder (kept for inspection); says where it went."""
@@ -192,6 +190,18 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _check_settings(meta: dict, config, directory: str) -> None:
+    saved, current = meta["config"], json.loads(json.dumps(dataclasses.asdict(config)))
+    for section in ("env", "network", "ppo"):
+        if saved.get(section) != current[section]:
+            changed = sorted(k for k in set(saved.get(section) or {}) | set(current[section])
+                             if (saved.get(section) or {}).get(k) != current[section].get(k))
+            detail = ", ".join(f"{section}.{k}: {(saved.get(section) or {}).get(k)!r} saved, "
+                               f"{current[section].get(k)!r} now" for k in changed)
+            raise CheckpointError(f"Checkpoint in {directory} was written with different {section} settings "
+                                  f"({detail}); resume with the same settings or start a new run.out_dir.")
 
 
 def _layout(config) -> dict:

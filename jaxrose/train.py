@@ -32,6 +32,7 @@ from jaxrose.nonfinite import NonFiniteError, NonFiniteGuard
 from jaxrose.plan import Plan
 from jaxrose.runtime import MAIN, executor_for
 from jaxrose.plotting import plot_learning_curve
+from jaxrose.run_folder import drop_metrics_after, resumes_in_place, set_aside_earlier_run
 from jaxrose.sequential import RunState, SequentialExecutor
 
 __all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "reset_compile_cache", "train",
@@ -182,6 +183,9 @@ class _TrainingLoop:
 
     def _open_outputs(self) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
+        if self.main:  # a fresh run's files never mix with an earlier run's
+            set_aside_earlier_run(self.out_dir, self.run_config.resume)
+        distributed.barrier("jaxrose_out_dir_ready")
         # Every process saves its shards of each checkpoint; the rest is process 0's.
         self.checkpointer = Checkpointer(os.path.join(self.out_dir, "checkpoints"), keep=self.run_config.keep_checkpoints)
         if jax.process_count() == 1:
@@ -202,9 +206,15 @@ class _TrainingLoop:
         state = self.executor.init(jax.random.PRNGKey(self.run_config.seed))
         if self.run_config.resume:
             source = Checkpointer(os.path.join(os.path.abspath(self.run_config.resume), "checkpoints"))
-            state = source.restore(state, self.config)
+            try:
+                state = source.restore(state, self.config)
+            finally:
+                source.close()
             if self.checkpointer is not None:  # the restore may have moved a damaged step aside
                 self.checkpointer.reload()
+            if self.write_outputs and self.main and resumes_in_place(self.out_dir, self.run_config.resume):
+                drop_metrics_after(os.path.join(self.out_dir, "metrics.jsonl"),
+                                   int(state.iteration) * self.steps_per_iteration)
         return state
 
     def record_evaluation(self, iteration: int, result: dict) -> None:
