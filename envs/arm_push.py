@@ -100,6 +100,10 @@ class ArmPush(Env):
         }
         reward = metrics["reward_dist"] + 0.5 * metrics["reward_near"] + 0.1 * metrics["reward_ctrl"]
         finite = jnp.all(jnp.isfinite(data.qpos)) & jnp.all(jnp.isfinite(data.qvel))
+        # A diverged state ends the episode with a zero reward: a NaN one would reach the learner's
+        # batch (and the episode's return) although the auto-reset replaces the state itself.
+        reward = jnp.where(finite, reward, 0.0)
+        metrics.update({k: jnp.where(finite, metrics[k], 0.0) for k in ("reward_near", "reward_dist", "success")})
         return state.replace(pipeline_state=data, obs=self._obs(data), reward=reward,
                              done=1.0 - finite.astype(jnp.float32), metrics=metrics)
 

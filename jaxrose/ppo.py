@@ -94,7 +94,8 @@ def ppo_loss(params: Params, normalizer, batch: Batch, key: jax.Array, net: Acto
     if config.bootstrap_on_truncation:
         # Close a truncated episode with the value of the state it reached: the env continues.
         final_values = jax.lax.stop_gradient(net.value(params, normalizer, batch.final_obs))
-        rewards = rewards + config.discounting * truncation * final_values
+        # where, not a product: a step that ended on a non-finite state has NaN final values (0 * NaN = NaN).
+        rewards = rewards + config.discounting * jnp.where(truncation > 0, final_values, 0.0)
         termination = 1.0 - batch.discount
         truncation = jnp.zeros_like(truncation)
 

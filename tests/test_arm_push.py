@@ -121,3 +121,16 @@ def test_step_carries_metric_keys_a_wrapper_added(arm):
     stepped = step(state, jnp.zeros(3))
     assert set(stepped.metrics) == set(state.metrics)
     np.testing.assert_allclose(stepped.metrics["reward"], 0.0)
+
+
+def test_a_diverged_state_ends_the_episode_with_a_finite_reward(arm):
+    """A non-finite physics state terminates the episode; its reward and reward terms are 0, not NaN
+    (a NaN reward reached the learner's batch and stopped the run through the non-finite guard)."""
+    _, reset, step = arm
+    state = reset(jax.random.PRNGKey(0))
+    data = state.pipeline_state
+    stepped = step(state.replace(pipeline_state=data.replace(qvel=data.qvel.at[0].set(jnp.nan))), jnp.zeros(3))
+    assert float(stepped.done) == 1.0 and float(stepped.reward) == 0.0
+    assert all(np.isfinite(float(stepped.metrics[k])) for k in ("reward_near", "reward_dist", "reward_ctrl"))
+    healthy = step(state, jnp.zeros(3))  # the same step from a finite state: not done, its usual reward
+    assert float(healthy.done) == 0.0 and float(healthy.reward) < 0.0

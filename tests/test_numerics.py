@@ -311,3 +311,26 @@ def test_surrogate_stays_finite_when_one_update_moves_a_log_prob_far():
     r = np.exp(np.array([0.1, 0.1, -0.1, 0.1]))
     by_hand = -np.mean(np.minimum(r * advantages, np.clip(r, 0.8, 1.2) * advantages))
     np.testing.assert_allclose(float(loss(near)), by_hand, rtol=1e-6)
+
+
+def test_truncation_bootstrap_by_hand_and_blind_to_other_steps_final_obs():
+    """bootstrap_on_truncation adds gamma * V(final_obs) to the reward of truncated steps only, then
+    treats every done as a termination: checked against the Python GAE loop. A step that ended any other
+    way has no meaningful final_obs (NaN after a diverged physics state): the loss must not read it."""
+    net, params, stats, batch, _ = _loss_batch(0.0)
+    B, T = batch.reward.shape
+    truncation = jnp.zeros((B, T)).at[1, 2].set(1.0)
+    discount = jnp.ones((B, T)).at[1, 2].set(0.0).at[2, 3].set(0.0)  # [2, 3] terminates
+    final_obs = jax.random.normal(jax.random.PRNGKey(9), (B, T, 3)).at[2, 3].set(jnp.nan)
+    batch = batch.replace(truncation=truncation, discount=discount, final_obs=final_obs)
+    config = PPOConfig(bootstrap_on_truncation=True, discounting=0.9, gae_lambda=0.8)
+    loss, m = ppo_loss(params, stats, batch, jax.random.PRNGKey(5), net, config)
+    assert np.isfinite(float(loss))
+
+    values = np.asarray(net.value(params, stats, batch.obs))
+    bootstrap = np.asarray(net.value(params, stats, batch.last_obs))
+    rewards = np.asarray(batch.reward).copy()
+    rewards[1, 2] += 0.9 * float(net.value(params, stats, final_obs[1, 2]))
+    termination = 1.0 - np.asarray(discount)
+    vs, _ = gae_python_loop(np.zeros((T, B)), termination.T, rewards.T, values.T, bootstrap, 0.8, 0.9)
+    np.testing.assert_allclose(m["value_loss"], 0.5 * 0.5 * np.mean((vs.T - values) ** 2), rtol=1e-5)
