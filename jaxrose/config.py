@@ -391,6 +391,11 @@ class TrainConfig:
                  f"ppo.batch_size * ppo.num_minibatches ({self.ppo.batch_size} * {self.ppo.num_minibatches} "
                  f"= {segments}) must be a multiple of env.num_envs ({num_envs}): every env contributes the "
                  f"same number of unrolls per iteration. Change ppo.batch_size or env.num_envs.")
+        size = self.ppo.minibatch_segments
+        if size is not None and self.run.mode == "sync":  # the asynchronous mode checks its own batch sizes
+            _require(size <= segments and segments % size == 0,
+                     f"ppo.minibatch_segments ({size}) must divide an iteration's {segments} segments "
+                     f"(ppo.batch_size * ppo.num_minibatches): set it to a divisor of {segments}, or unset it.")
         self._check_devices()
 
     def _check_devices(self) -> None:

@@ -23,7 +23,7 @@ from jaxrose import distributed
 from jaxrose.callbacks import Callback, JsonlWriter, ProgressBar, TensorBoardWriter
 from jaxrose.async_checkpoint import BackgroundSaver
 from jaxrose.checkpoint import Checkpointer
-from jaxrose.config import SEVERAL_PROCESSES, ConfigError, TrainConfig
+from jaxrose.config import SEVERAL_PROCESSES, ConfigError, PPOConfig, RunConfig, TrainConfig
 from jaxrose.config import replace as replace_config
 from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
@@ -117,15 +117,7 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
                                       own_quota=config.run.learner_sm_percentage,
                                       priorities={"evaluator": config.run.eval_priority},
                                       own_priority=config.run.learner_priority)
-    else:
-        import warnings
-
-        idle = [f"run.{name}={value}" for name, value, default in (
-            ("learner_sm_percentage", config.run.learner_sm_percentage, None),
-            ("learner_priority", config.run.learner_priority, "normal")) if value != default]
-        if idle:
-            warnings.warn(f"{' and '.join(idle)} has no effect: this run starts no worker process under MPS (use it "
-                          f"with run.mode='async', run.eval_mode='process' or a plan with helpers).", stacklevel=2)
+    _warn_unused_settings(config, starts_workers=bool(helpers or evaluating_remotely))
     remote = None
     try:
         if evaluating_remotely:
@@ -139,6 +131,32 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
             remote.close()
         if executor is not None and hasattr(executor, "close"):
             executor.close()
+
+
+def _warn_unused_settings(config: TrainConfig, starts_workers: bool) -> None:
+    """A synchronous run ignores the asynchronous mode's settings, and the MPS settings of processes it
+    does not start: one changed from its default is named, so an ablation is not silently void."""
+    import warnings
+
+    default_run, default_ppo = RunConfig(), PPOConfig()
+    changed = lambda section, default, names: [f"{section}.{n}={getattr(getattr(config, section), n)}"
+                                               for n in names if getattr(getattr(config, section), n)
+                                               != getattr(default, n)]
+    asynchronous = (changed("run", default_run, ("actors", "max_policy_lag", "actor_run_ahead"))
+                    + changed("ppo", default_ppo, ("off_policy_correction", "max_off_policy_weight")))
+    if asynchronous:
+        warnings.warn(f"{', '.join(asynchronous)} has no effect in a synchronous run (run.mode='sync'): it sets the "
+                      f"asynchronous mode (run.mode='async').", stacklevel=3)
+    if not starts_workers:
+        idle = changed("run", default_run, ("learner_sm_percentage", "learner_priority"))
+        if idle:
+            warnings.warn(f"{' and '.join(idle)} has no effect: this run starts no worker process under MPS (use "
+                          f"it with run.mode='async', run.eval_mode='process' or a plan with helpers).", stacklevel=3)
+    if config.run.eval_mode != "process":
+        idle = changed("run", default_run, ("eval_sm_percentage", "eval_priority"))
+        if idle:
+            warnings.warn(f"{' and '.join(idle)} has no effect: evaluation runs inline (set run.eval_mode='process' "
+                          f"to evaluate in its own process under MPS).", stacklevel=3)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -295,10 +313,12 @@ class _TrainingLoop:
         evaluation_compile = self.compile_evaluation_ahead(state) if evaluate_first else None
         if evaluate_first and self.remote is not None:
             self.start_evaluation(0, state)
-        compile_seconds = self.executor.compile(state)
+        try:
+            compile_seconds = self.executor.compile(state)
+        finally:  # a compile error must not leave the thread inside XLA at exit (the process aborts)
+            if evaluation_compile is not None:
+                evaluation_compile.join()
         self.emit(start_iteration, {"perf/compile_seconds": compile_seconds})
-        if evaluation_compile is not None:
-            evaluation_compile.join()
         if evaluate_first and self.remote is None:
             self.start_evaluation(0, state)
 
@@ -350,7 +370,7 @@ class _TrainingLoop:
                 f"{self._latest_checkpoint()} in {self.out_dir}: resume in a fresh process with --run.resume "
                 f"(--run.no-use-mps trains without MPS).") from error
         except KeyboardInterrupt:  # Ctrl-C: keep the progress, if the interrupt left a whole state
-            if _intact(state):
+            if _intact(state) and saved_at != int(state.iteration):
                 self.save(int(state.iteration), state, wait=True)
             else:
                 print("Interrupted inside an iteration (its input buffers were already consumed): the last "

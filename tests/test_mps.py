@@ -143,6 +143,21 @@ def test_a_learner_quota_without_worker_processes_warns_that_it_has_no_effect(ti
         train(config)
 
 
+def test_settings_a_synchronous_run_ignores_are_named(tiny_config, tmp_path):
+    from jaxrose import train
+    from jaxrose.config import replace
+
+    config = replace(tiny_config, **{"run.out_dir": str(tmp_path), "run.total_env_steps": 512, "run.num_evals": 2,
+                                     "run.max_policy_lag": 3, "ppo.off_policy_correction": "vtrace",
+                                     "run.eval_sm_percentage": 30})
+    with pytest.warns(UserWarning) as caught:
+        train(config)
+    messages = [str(w.message) for w in caught]
+    assert any("run.max_policy_lag=3, ppo.off_policy_correction=vtrace has no effect in a synchronous run" in m
+               for m in messages), messages
+    assert any("run.eval_sm_percentage=30 has no effect: evaluation runs inline" in m for m in messages), messages
+
+
 def _fake_mps_present(monkeypatch, tmp_path):
     """Fault injection: a GPU is "present" and a control binary that accepts every command stands in for
     the daemon (the real one is exercised on the GPU machine); no daemon of this process yet."""

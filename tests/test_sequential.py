@@ -124,3 +124,13 @@ def test_schedule_matches_brax_formula():
     assert ant.env_steps_per_iteration == 2048 * 32 * 5 == 327_680
     assert ant.iterations_per_eval == int(np.ceil(50_000_000 / (10 * 327_680))) == 16
     assert ant.unrolls_per_iteration == 16
+
+
+def test_minibatch_segments_must_divide_an_iteration():
+    """Checked with the settings, not at compile time (where it aborted a run whose evaluation compiled beside)."""
+    segments = TrainConfig().ppo.segments_per_iteration
+    with pytest.raises(ConfigError, match=rf"ppo\.minibatch_segments \(100\) must divide an iteration's {segments}"):
+        TrainConfig(ppo=PPOConfig(minibatch_segments=100))
+    with pytest.raises(ConfigError, match=r"ppo\.minibatch_segments"):
+        TrainConfig(ppo=PPOConfig(minibatch_segments=2 * segments))
+    assert TrainConfig(ppo=PPOConfig(minibatch_segments=segments // 4)).ppo.minibatch_segments == segments // 4
