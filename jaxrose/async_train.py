@@ -58,7 +58,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
     budget = config.num_iterations * config.env_steps_per_iteration
     if run.progress_bar:
         sinks.append(ProgressBar(budget))
-    evaluator, trainer = ProcessEvaluator(config, envs["evaluator"]), None
+    evaluator, trainer = ProcessEvaluator(config, envs["evaluator"], task=env), None
     evaluations, update_seconds, update_starts = [], [], []
     eval_every = config.iterations_per_eval * config.env_steps_per_iteration
     every = [eval_every] + ([run.checkpoint_every * config.env_steps_per_iteration] if run.checkpoint_every else [])

@@ -19,13 +19,14 @@ from jaxrose.config import TrainConfig
 from jaxrose.workers import Inbox, Worker
 
 
-def _serve(conn, config: TrainConfig) -> None:
-    """Worker side: build the evaluator once, then evaluate whatever parameters arrive."""
+def _serve(conn, config: TrainConfig, env=None) -> None:
+    """Worker side: build the evaluator once, then evaluate whatever parameters arrive. `env`: the
+    trainer's own env when it was given one (pickled); None builds the config's."""
     from jaxrose.evaluation import evaluation_key, make_evaluate
     from jaxrose.networks import make_actor_critic
     from jaxrose.sequential import make_env
 
-    env = make_env(config)
+    env = env if env is not None else make_env(config)
     net = make_actor_critic(env.observation_size, env.action_size, config.network, config.ppo.normalize_observations)
     evaluate = make_evaluate(env, net, config.run.num_eval_envs, config.env.episode_length,
                              config.run.deterministic_eval)
@@ -47,8 +48,11 @@ def _serve(conn, config: TrainConfig) -> None:
 class ProcessEvaluator:
     """Controller side: submit parameters without waiting; collect results as they finish."""
 
-    def __init__(self, config: TrainConfig, env: Optional[dict[str, str]] = None, timeout: float = 600.0):
-        self.worker = Worker("evaluator", _serve, (config,), env, send_timeout=timeout)
+    def __init__(self, config: TrainConfig, env: Optional[dict[str, str]] = None, timeout: float = 600.0,
+                 task=None):
+        """`env`: the worker's environment variables (its MPS settings); `task`: the env to evaluate when
+        the trainer was given its own (it must pickle), None for the config's."""
+        self.worker = Worker("evaluator", _serve, (config, task), env, send_timeout=timeout)
         self.timeout = timeout
         self.outstanding: set[int] = set()
 

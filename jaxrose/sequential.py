@@ -69,6 +69,7 @@ class SequentialExecutor:
         distributed.initialize(config.run)  # before this process's first computation fixes its devices
         self.config = config
         self.env = env if env is not None else make_env(config)
+        self.custom_env = env  # None: the config's; another process (the evaluator) builds its own then
         self.observation_size = int(self.env.observation_size)
         self.action_size = int(self.env.action_size)
         self.train_env = wrap_for_training(self.env, config.env.episode_length, config.env.num_groups,

@@ -121,7 +121,7 @@ def train(config: TrainConfig, callbacks: Iterable[Callback] = (), executor: Opt
     remote = None
     try:
         if evaluating_remotely:
-            remote = ProcessEvaluator(config, worker_envs["evaluator"])
+            remote = ProcessEvaluator(config, worker_envs["evaluator"], task=getattr(executor, "custom_env", None))
             remote.start()
         if executor is None and plan is not None:
             executor = executor_for(config, plan, worker_envs or None)

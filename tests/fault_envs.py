@@ -51,3 +51,14 @@ def nan_observations_36_38():
     """`NaNObservationsBetween(36, 38)` by import path (`env.name="fault_envs:nan_observations_36_38"`),
     so spawned worker processes build the same faulty env."""
     return NaNObservationsBetween(36, 38)
+
+
+class DoubledReward(Wrapper):
+    """Not a fault: the point mass with its reward doubled, a user's own env that no registered name builds."""
+
+    def __init__(self):
+        super().__init__(envs.make("point_mass"))
+
+    def step(self, state, action):
+        state = self.env.step(state, action)
+        return state.replace(reward=2.0 * state.reward)

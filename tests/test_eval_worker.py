@@ -27,6 +27,21 @@ def test_process_evaluation_equals_inline(tiny_config, tmp_path):
     assert not multiprocessing.active_children()
 
 
+def test_process_evaluation_uses_the_trainers_own_env(tiny_config, tmp_path):
+    """An executor given its own env: the evaluation process evaluates that env, as inline evaluation does."""
+    from fault_envs import DoubledReward
+
+    def run(mode):
+        config = replace(tiny_config, **{"run.out_dir": str(tmp_path / mode), "run.eval_mode": mode})
+        return train(config, executor=SequentialExecutor(config, env=DoubledReward()))
+
+    inline, remote = run("inline"), run("process")
+    returns = lambda result: [e["eval/episode_return"] for e in result.evaluations]
+    assert returns(remote) == returns(inline)
+    registered = train(replace(tiny_config, **{"run.out_dir": str(tmp_path / "registered")}))
+    assert returns(registered) != returns(inline)  # the doubled reward shows in every evaluation
+
+
 def test_killed_evaluator_is_a_clear_error(tiny_config):
     executor = SequentialExecutor(tiny_config)
     state = executor.init(jax.random.PRNGKey(0))
