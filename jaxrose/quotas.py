@@ -72,7 +72,9 @@ def evaluate(models: dict[str, ScalingModel], quotas: dict[str, float]) -> Alloc
 
 def allocate(models: dict[str, ScalingModel], step: float = 0.05, minimum: float = 0.05) -> Allocation:
     """Slack-aware search: start from equal shares; repeatedly move one `step` of SMs from the
-    branch with the most slack to the critical branch while that shortens the iteration."""
+    branch with the most slack to the critical branch while that shortens the iteration. Branches
+    tied as critical are shortened one after the other: a move counts as progress when it lowers the
+    branch times sorted slowest first (compared in order), not only the slowest."""
     names = list(models)
     levels = round(1.0 / step)
     units = {name: levels // len(names) for name in names}
@@ -84,7 +86,7 @@ def allocate(models: dict[str, ScalingModel], step: float = 0.05, minimum: float
         for donor in donors:
             trial_units = {**units, donor: units[donor] - 1, critical: units[critical] + 1}
             trial = evaluate(models, {n: trial_units[n] * step for n in names})
-            if trial.iteration_seconds < current.iteration_seconds - 1e-12:
+            if _slower_first(trial) < _slower_first(current):
                 units, current = trial_units, trial
                 break
         else:
@@ -95,6 +97,11 @@ def allocate(models: dict[str, ScalingModel], step: float = 0.05, minimum: float
                 current = evaluate(models, {n: units[n] * step for n in names})
                 continue
             return current
+
+
+def _slower_first(allocation: Allocation) -> tuple[float, ...]:
+    # Rounded so that float noise in equal times neither makes nor blocks progress.
+    return tuple(round(t, 12) for t in sorted(allocation.seconds.values(), reverse=True))
 
 
 def brute_force(models: dict[str, ScalingModel], step: float = 0.05, minimum: float = 0.05) -> Allocation:

@@ -35,6 +35,18 @@ def test_matches_brute_force_on_random_models(seed):
     assert allocate(models).iteration_seconds == pytest.approx(brute_force(models).iteration_seconds, rel=1e-9)
 
 
+@pytest.mark.parametrize("branches", [3, 4])
+def test_tied_critical_branches_are_all_shortened(branches):
+    """Identical critical branches beside a light one: no single move lowers the slowest time, yet moving
+    SMs to each in turn does (found in review: the search stopped at 2.50 s against brute force's 2.22 s)."""
+    models = {**{name: ScalingModel(0.0, 1.0) for name in "ABCD"[:branches - 1]}, "light": ScalingModel(0.0, 0.01)}
+    expected = brute_force(models)
+    assert allocate(models).iteration_seconds == pytest.approx(expected.iteration_seconds, rel=1e-9)
+    # By hand for three: the light branch keeps the 5% floor, A and B split 95% (45% + 50%: 2.22 s).
+    if branches == 3:
+        assert expected.iteration_seconds == pytest.approx(1.0 / 0.45)
+
+
 def test_fit_recovers_a_known_model():
     truth = ScalingModel(serial=0.12, parallel=0.4, saturation=0.6)
     points = [(share, truth.seconds(share)) for share in (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)]
