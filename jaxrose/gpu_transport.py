@@ -43,10 +43,11 @@ class DeviceBuffers:
     def __init__(self, shapes: Any):
         cp = _cupy()
         leaves, self._treedef = jax.tree.flatten(shapes)
-        self._specs = [(tuple(x.shape), np.dtype(x.dtype).str) for x in leaves]
-        self._pointers = [cp.cuda.runtime.malloc(max(1, _nbytes(shape, dtype))) for shape, dtype in self._specs]
+        # (shape, storage dtype, the leaf's dtype): CuPy has no bfloat16, so such leaves travel as their bits.
+        self._specs = [(tuple(x.shape), storage_dtype(x.dtype).str, np.dtype(x.dtype).name) for x in leaves]
+        self._pointers = [cp.cuda.runtime.malloc(max(1, _nbytes(shape, dtype))) for shape, dtype, _ in self._specs]
         self._handles = [cp.cuda.runtime.ipcGetMemHandle(p) for p in self._pointers]
-        self._arrays = [_wrap(p, shape, dtype) for p, (shape, dtype) in zip(self._pointers, self._specs)]
+        self._arrays = [_wrap(p, shape, dtype) for p, (shape, dtype, _) in zip(self._pointers, self._specs)]
 
     def describe(self) -> dict:
         return {"kind": self.kind, "specs": self._specs, "handles": self._handles, "treedef": self._treedef}
@@ -56,15 +57,15 @@ class DeviceBuffers:
         leaves, structure = jax.tree.flatten(tree)
         if structure != self._treedef:
             raise ValueError(f"Tree structure {structure} does not match the buffers' {self._treedef}.")
-        leaves = jax.block_until_ready([jnp.asarray(x) for x in leaves])
+        leaves = jax.block_until_ready([to_storage(jnp.asarray(x)) for x in leaves])
         for array, leaf in zip(self._arrays, leaves):
             if array.size:
                 array[...] = cp.from_dlpack(leaf).reshape(array.shape)
         cp.cuda.get_current_stream().synchronize()
 
     def read(self) -> Any:
-        leaves = [jnp.array(jax.dlpack.from_dlpack(a), copy=True) if a.size else jnp.zeros(a.shape, a.dtype)
-                  for a in self._arrays]
+        leaves = [from_storage(jnp.array(jax.dlpack.from_dlpack(a), copy=True) if a.size else
+                               jnp.zeros(a.shape, a.dtype), dtype) for a, (_, _, dtype) in zip(self._arrays, self._specs)]
         return jax.tree.unflatten(self._treedef, jax.block_until_ready(leaves))
 
     def close(self) -> None:
@@ -86,10 +87,28 @@ class DeviceBuffersView(DeviceBuffers):
         self._treedef, self._specs = description["treedef"], description["specs"]
         flags = cp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess
         self._pointers = [cp.cuda.runtime.ipcOpenMemHandle(h, flags) for h in description["handles"]]
-        self._arrays = [_wrap(p, shape, dtype) for p, (shape, dtype) in zip(self._pointers, self._specs)]
+        self._arrays = [_wrap(p, shape, dtype) for p, (shape, dtype, _) in zip(self._pointers, self._specs)]
 
     def _release(self, pointer: int) -> None:
         _cupy().cuda.runtime.ipcCloseMemHandle(pointer)
+
+
+def storage_dtype(dtype) -> np.dtype:
+    """The dtype a leaf is kept as in CuPy memory: itself, or for the ML dtypes NumPy only knows as raw
+    bytes (bfloat16, float8: kind 'V', which read back as '<V2' and lose their type) an unsigned
+    integer of the same width."""
+    dtype = np.dtype(dtype)
+    return np.dtype(f"u{dtype.itemsize}") if dtype.kind == "V" else dtype
+
+
+def to_storage(x: jax.Array) -> jax.Array:
+    storage = storage_dtype(x.dtype)
+    return x if storage == x.dtype else jax.lax.bitcast_convert_type(x, storage)
+
+
+def from_storage(x: jax.Array, dtype_name: str) -> jax.Array:
+    dtype = jnp.dtype(dtype_name)
+    return x if x.dtype == dtype else jax.lax.bitcast_convert_type(x, dtype)
 
 
 def _nbytes(shape, dtype) -> int:

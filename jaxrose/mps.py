@@ -95,10 +95,14 @@ class MpsDaemon:
         self.root = tempfile.mkdtemp(prefix="jaxrose-mps-")
         os.makedirs(self.pipe_dir)
         os.makedirs(self.log_dir)
-        result = subprocess.run([CONTROL_BINARY, "-d"], env=self._env(), capture_output=True, text=True, timeout=30)
-        if result.returncode != 0:
-            log.warning("MPS daemon failed to start (%s); falling back to time slicing.",
-                        (result.stderr or result.stdout).strip())
+        try:
+            result = subprocess.run([CONTROL_BINARY, "-d"], env=self._env(), capture_output=True, text=True,
+                                    timeout=30)
+            problem = (result.stderr or result.stdout).strip() if result.returncode != 0 else None
+        except (subprocess.TimeoutExpired, OSError) as error:  # a hung or unrunnable control binary
+            problem = f"{CONTROL_BINARY} -d: {error}"
+        if problem is not None:
+            log.warning("MPS daemon failed to start (%s); falling back to time slicing.", problem)
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
             return False

@@ -211,3 +211,18 @@ def test_tuning_skips_quota_trials_that_could_not_take_effect(monkeypatch, tmp_p
     assert kept is plan and seconds == 0.5
     assert [t.description for t in trials] == ["SM quotas"] and not trials[0].kept
     assert trials[0].reason.startswith("skipped: this process initialised its GPU before the MPS daemon")
+
+
+def test_a_control_binary_that_cannot_run_falls_back_to_time_slicing(monkeypatch, tmp_path, caplog):
+    """Fault injection: the control binary is on PATH but cannot execute (its interpreter is missing).
+    start() keeps its promise (False, a warning, nothing left behind) instead of raising."""
+    mps = _fake_mps_present(monkeypatch, tmp_path)
+    broken = tmp_path / "broken-control"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(mps, "CONTROL_BINARY", str(broken))
+    daemon = mps.MpsDaemon()
+    with caplog.at_level("WARNING", logger=mps.log.name):
+        assert daemon.start() is False
+    assert "falling back to time slicing" in caplog.text and "broken-control -d" in caplog.text
+    assert daemon.root is None and not daemon.running

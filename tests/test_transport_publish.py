@@ -62,3 +62,19 @@ def test_published_by_a_process_that_has_exited():
     assert process.exitcode == 0
     for a, b in zip(jax.tree.leaves(take(message)), jax.tree.leaves(jax.device_get(_tree()))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_device_buffers_carry_bfloat16_as_its_bits():
+    """CUDA IPC buffers (CuPy, no bfloat16) keep a bfloat16 leaf as uint16 and give it back bit for bit;
+    a dtype NumPy knows is kept as is. (The CuPy copy itself runs only on a GPU.)"""
+    from jaxrose.gpu_transport import from_storage, storage_dtype, to_storage
+
+    half = jnp.array([1.5, -0.0, jnp.inf, jnp.nan, 3.1e-5], jnp.bfloat16)
+    assert storage_dtype(half.dtype) == np.dtype("uint16") and storage_dtype(np.float32) == np.float32
+    stored = to_storage(half)
+    assert stored.dtype == np.uint16
+    back = from_storage(stored, np.dtype(half.dtype).name)
+    assert back.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(back).view(np.uint16), np.asarray(half).view(np.uint16))
+    ones = jnp.ones(3, jnp.float32)
+    assert to_storage(ones) is ones and from_storage(ones, "float32") is ones
