@@ -528,15 +528,23 @@ class AsyncTrainer:
         return max(groups // self._update_groups, 1)
 
     def _choose(self, version: int) -> tuple[list, bool]:
-        """The rollouts the next update consumes, and whether they must all arrive first: every
-        rollout whose lag would pass the bound if this update went without it (urgent), else the
-        arrived trajectory with the oldest parameters."""
+        """The rollouts the next step consumes, and whether they must all arrive first: every
+        rollout whose lag would pass the bound if this step went without it (urgent), else the
+        arrived trajectory with the oldest parameters. That choice may be learned as several updates
+        (grow_keeps='update_size'): a rollout that could not wait that many is taken first instead,
+        so a small or slow actor's trajectory is waited for, never waited for and then dropped."""
         urgent = [(i, r) for i in range(self.num_actors) for r in self._rollouts[i]
                   if version + self._updates_in(i, r) - r.params_version > self.max_lag]
         if urgent:
             return urgent, True
         arrived = [(r.version, i, r.seq, r) for i in range(self.num_actors) for r in self._rollouts[i] if r.arrived]
-        return ([(min(arrived)[1], min(arrived)[3])] if arrived else []), False
+        if not arrived:
+            return [], False
+        _, index, _, oldest = min(arrived)
+        steps = self._updates_in(index, oldest)  # the versions this choice moves the learner on by
+        due = [(i, r) for i in range(self.num_actors) for r in self._rollouts[i]
+               if r is not oldest and version + steps + self._updates_in(i, r) - 1 - r.params_version > self.max_lag]
+        return (due, True) if due else ([(index, oldest)], False)
 
     def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: float = 300.0,
             on_update=None, start: Optional[Snapshot] = None, snapshot_due=None, on_snapshot=None,
