@@ -59,8 +59,11 @@ class BackgroundSaver:
 
     def submit(self, step: int, tree) -> None:
         """Writes `tree` (host arrays: the caller may reuse its device buffers) as `step` in a
-        thread, after the previous save has finished; training goes on meanwhile."""
+        thread, after the previous save has finished; training goes on meanwhile. A step the folder
+        holds already is the same state (a run resumed in place that made no update since): skipped."""
         self.wait()
+        if step == self.checkpointer.latest_step():
+            return
         self._thread = threading.Thread(target=self._save, args=(step, tree), name="checkpoint-writer", daemon=True)
         self._thread.start()
 

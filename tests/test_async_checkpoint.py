@@ -58,6 +58,11 @@ def test_train_async_resumes_with_run_resume(tiny_config, tmp_path):
     assert resumed.async_result.updates == 2 and resumed.async_result.lags == [0] * 4
     _assert_same(full.state.learner, resumed.state.learner)
     assert sorted(int(p.name) for p in (tmp_path / "b" / "checkpoints").iterdir() if p.name.isdigit()) == [4]
+    # Resumed in place once finished (README: --run.resume runs/pm --run.out-dir runs/pm): nothing to do,
+    # and its final snapshot is the step it restored (orbax refused to save it again before).
+    again = train(replace(config, **{"run.resume": str(tmp_path / "b"), "run.out_dir": str(tmp_path / "b")}))
+    assert again.async_result.updates == 0  # updates this run made
+    _assert_same(full.state.learner, again.state.learner)
     assert not multiprocessing.active_children()
 
 
