@@ -384,9 +384,10 @@ class AsyncTrainer:
             self.actors[i].send(("state", tag, seq))
         if not wait:
             return None
-        deadline = time.monotonic() + 300.0
+        timeout = self.config.run.actor_timeout
+        deadline = time.monotonic() + timeout
         while len(self._states[tag]) < len(which):
-            self._pump(deadline)
+            self._pump(deadline, timeout)
         states = self._states.pop(tag)
         return [states[i] for i in sorted(states)]
 
@@ -546,11 +547,12 @@ class AsyncTrainer:
                if r is not oldest and version + steps + self._updates_in(i, r) - 1 - r.params_version > self.max_lag]
         return (due, True) if due else ([(index, oldest)], False)
 
-    def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: float = 300.0,
+    def run(self, updates: Optional[int] = None, env_steps: Optional[int] = None, timeout: Optional[float] = None,
             on_update=None, start: Optional[Snapshot] = None, snapshot_due=None, on_snapshot=None,
             manager=None, nonfinite=None, should_stop=None) -> AsyncResult:
         """Runs until `updates` learner updates or `env_steps` consumed env steps (counted from the
         start of the run, so a resumed run has the same budget), whichever is given.
+        `timeout`: seconds to wait for an awaited rollout or state (default `run.actor_timeout`).
         `on_update(update, env_steps, learner, info)` is called after each update (logging, evaluation);
         `info` holds the update's lags, queue depth, training returns and the actors' batch sizes.
         `start`: a snapshot to continue from. `snapshot_due(update, env_steps)`: whether to take a
@@ -565,6 +567,7 @@ class AsyncTrainer:
 
         if (updates is None) == (env_steps is None):
             raise ValueError("Give exactly one of `updates` and `env_steps`.")
+        timeout = self.config.run.actor_timeout if timeout is None else timeout
         if nonfinite is None:
             nonfinite = NonFinitePolicy(self.config.run, unit="update")
         if start is None:
@@ -667,7 +670,7 @@ class AsyncTrainer:
                 pending[version] = self._snapshot_request(version, consumed, learner)
             deadline = time.monotonic() + timeout
             while pending:
-                self._pump(deadline)
+                self._pump(deadline, timeout)
                 self._deliver(pending, on_snapshot)
         # Wait for every rollout granted, so the actors are idle and a later `run` starts clean.
         self._gather(lambda: all(r.arrived for rs in self._rollouts for r in rs), timeout)
@@ -688,7 +691,7 @@ class AsyncTrainer:
         deadline = time.monotonic() + timeout
         self._deliver(pending, on_snapshot)
         while pending and time.monotonic() < deadline:
-            self._pump(deadline)
+            self._pump(deadline, timeout)
             self._deliver(pending, on_snapshot)
 
     def _snapshot_request(self, version: int, consumed: int, learner) -> tuple:
@@ -704,14 +707,21 @@ class AsyncTrainer:
             if on_snapshot is not None:
                 on_snapshot(Snapshot(learner, [states[i] for i in range(self.num_actors)], version, consumed))
 
-    def _pump(self, deadline: float) -> None:
-        """Receives whatever the actors sent (trajectories, states), waiting up to 0.5 s for something."""
+    def _pump(self, deadline: float, timeout: float) -> None:
+        """Receives whatever the actors sent (trajectories, states), waiting up to 0.5 s for something;
+        past `deadline` (`timeout` seconds after the wait began) the silent actors are named."""
         if not wait([a._conn for a in self.actors], timeout=0.5):
             for actor in self.actors:
                 if not actor.process.is_alive():
                     raise actor.death_error("while rolling out")
             if time.monotonic() > deadline:
-                raise TimeoutError("No trajectory arrived within the timeout.")
+                awaited = [i for i in range(self.num_actors) if any(not r.arrived for r in self._rollouts[i])]
+                silent = ", ".join(f"{self.actors[i].name} (pid {self.actors[i].process.pid})"
+                                   for i in (awaited or range(self.num_actors)))
+                raise WorkerError(f"{silent} sent nothing for {timeout:.0f} s (run.actor_timeout) while the learner "
+                                  f"waited for its rollouts or states; it may be hung. The run stopped; the last "
+                                  f"checkpoint is intact and `--run.resume` continues from it. If a rollout really "
+                                  f"takes that long (a first compile counts), raise run.actor_timeout.")
             return
         self._receive_pending()
 
@@ -771,7 +781,7 @@ class AsyncTrainer:
         start = time.perf_counter()
         deadline = time.monotonic() + timeout
         while not satisfied():
-            self._pump(deadline)
+            self._pump(deadline, timeout)
         return time.perf_counter() - start
 
     def close(self) -> None:

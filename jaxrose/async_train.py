@@ -132,7 +132,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
             # Snapshots only where a checkpoint is written: each fetches every actor's env state through its
             # pipe (~24 KB per ant env, 397 MB at 16,384 envs), which stalled the H200's learner 1-3 s per
             # evaluation period in runs that saved nothing (BENCHMARKS.md, 2026-12-04).
-            result = trainer.run(env_steps=budget, on_update=on_update, start=resumed,
+            result = trainer.run(env_steps=budget, timeout=run.actor_timeout, on_update=on_update, start=resumed,
                                  snapshot_due=snapshot_due if saver is not None else None,
                                  on_snapshot=saver, manager=manager, nonfinite=nonfinite,
                                  should_stop=lambda: termination.requested is not None)

@@ -312,6 +312,9 @@ class RunConfig:
     trajectory, with the newest parameters it has (0: each actor waits for the update of its own
     trajectory). Run-ahead hides the learner behind the rollouts; it is capped at max_policy_lag,
     since a rollout started ahead is consumed at least one update after its parameters."""
+    actor_timeout: float = 300.0
+    """Asynchronous mode: seconds the learner waits for an awaited rollout or state before it stops
+    the run naming the silent actors (a first compile inside a rollout counts)."""
     resources: ResourceConfig = ResourceConfig()
     """The asynchronous mode's resource manager (off by default)."""
     devices: int = 1
@@ -350,6 +353,7 @@ class RunConfig:
         _require(self.actors >= 1, f"run.actors must be >= 1, got {self.actors}.")
         _require(self.max_policy_lag >= 0, f"run.max_policy_lag must be >= 0, got {self.max_policy_lag}.")
         _require(self.actor_run_ahead >= 0, f"run.actor_run_ahead must be >= 0, got {self.actor_run_ahead}.")
+        _require(self.actor_timeout > 0, f"run.actor_timeout must be > 0 seconds, got {self.actor_timeout}.")
         _require(self.resources.manager == "off" or self.mode == "async",
                  "run.resources.manager='on' needs run.mode='async' (it rebalances actor and learner processes).")
         _require(self.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")

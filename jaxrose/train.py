@@ -142,7 +142,7 @@ def _warn_unused_settings(config: TrainConfig, starts_workers: bool) -> None:
     changed = lambda section, default, names: [f"{section}.{n}={getattr(getattr(config, section), n)}"
                                                for n in names if getattr(getattr(config, section), n)
                                                != getattr(default, n)]
-    asynchronous = (changed("run", default_run, ("actors", "max_policy_lag", "actor_run_ahead"))
+    asynchronous = (changed("run", default_run, ("actors", "max_policy_lag", "actor_run_ahead", "actor_timeout"))
                     + changed("ppo", default_ppo, ("off_policy_correction", "max_off_policy_weight")))
     if asynchronous:
         warnings.warn(f"{', '.join(asynchronous)} has no effect in a synchronous run (run.mode='sync'): it sets the "

@@ -1,6 +1,8 @@
 """Asynchronous mode with real actor processes: lag bound, lag 0 = synchronous, no stall, shutdown."""
 
 import multiprocessing
+import os
+import signal
 import time
 
 import jax
@@ -10,6 +12,7 @@ import pytest
 from jaxrose.async_mode import AsyncTrainer
 from jaxrose.config import ConfigError, replace
 from jaxrose.sequential import SequentialExecutor
+from jaxrose.workers import WorkerError
 
 
 def test_lag_zero_with_one_actor_is_the_sequential_run(tiny_config):
@@ -112,6 +115,20 @@ def test_a_slow_group_does_not_stall_the_others(tiny_config):
         trainer.close()
     assert max(result.lags) <= 4
     assert result.rollouts_per_actor[0] >= 2 * result.rollouts_per_actor[1], result.rollouts_per_actor
+    assert not multiprocessing.active_children()
+
+
+def test_a_hung_actor_is_named_within_the_timeout(tiny_config):
+    trainer = AsyncTrainer(tiny_config, num_actors=2, max_lag=1)
+    os.kill(trainer.actors[1].process.pid, signal.SIGSTOP)  # a fault injected: actor1 stops answering
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"actor1 \(pid \d+\) sent nothing for 5 s \(run.actor_timeout\)"):
+            trainer.run(updates=6, timeout=5.0)
+        assert time.monotonic() - start < 30
+    finally:
+        os.kill(trainer.actors[1].process.pid, signal.SIGCONT)
+        trainer.close()
     assert not multiprocessing.active_children()
 
 
