@@ -360,7 +360,7 @@ class ResourceManager:
         self._reset_window(time.perf_counter())
 
     def _pin(self, name: str, pid: int, cores) -> None:
-        os.sched_setaffinity(pid, set(cores))
+        pin_process(pid, cores)
 
     def on_trajectory(self, index: int, seconds: float) -> None:
         if index in self._resizing:  # the old batch size: not what the next verdict is about
@@ -453,7 +453,7 @@ class ResourceManager:
 
     def close(self) -> None:
         """Gives this process its cores back and closes the log."""
-        os.sched_setaffinity(0, set(self._own_cores))
+        pin_process(0, self._own_cores)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -472,3 +472,19 @@ def quota_env(use_mps: bool, compile_cache: Optional[str]):
                             mps.unavailable_reason() or "this process could not attach to an MPS daemon")
 
     return env
+
+
+def pin_process(pid: int, cores) -> None:
+    """Pins every thread of process `pid` (0: this one) to `cores`. Linux's affinity call pins one
+    thread, and threads started before it (XLA's pools, a worker's inbox) would keep the old cores;
+    threads started later inherit their creator's."""
+    pid = pid or os.getpid()
+    try:
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:  # no /proc (not Linux): the process's main thread, as the call allows
+        threads = [pid]
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread, set(cores))
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass

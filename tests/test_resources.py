@@ -87,6 +87,34 @@ def test_settings_are_validated():
         RunConfig(resources=ResourceConfig(manager="on"))
 
 
+def _thread_cores(pid):
+    """The cores every thread of `pid` may run on (one set if they all agree)."""
+    masks = {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+    return set(next(iter(masks))) if len(masks) == 1 else masks
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux's per-thread affinity and 2 CPU cores")
+def test_pinning_a_process_pins_all_its_threads():
+    import subprocess
+    import sys
+
+    from jaxrose.resources import pin_process
+
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                              "print('up', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"  # its second thread is running
+        core = min(os.sched_getaffinity(0))
+        pin_process(child.pid, [core])
+        threads = os.listdir(f"/proc/{child.pid}/task")
+        assert len(threads) >= 2 and _thread_cores(child.pid) == {core}
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_manager_on_a_real_run_restarts_the_slow_actor_and_pins_cores(tiny_config, tmp_path):
     from jaxrose.async_mode import AsyncTrainer
     from jaxrose.resources import ResourceManager, quota_env
@@ -103,8 +131,8 @@ def test_manager_on_a_real_run_restarts_the_slow_actor_and_pins_cores(tiny_confi
     pids = [a.process.pid for a in trainer.actors]
     seen = []
 
-    def on_update(update, steps, learner, info):
-        seen.append((os.sched_getaffinity(0), [os.sched_getaffinity(a.process.pid) for a in trainer.actors],
+    def on_update(update, steps, learner, info):  # every thread's cores, not only the main thread's
+        seen.append((_thread_cores(os.getpid()), [_thread_cores(a.process.pid) for a in trainer.actors],
                      [a.process.pid for a in trainer.actors]))
 
     try:
@@ -113,7 +141,7 @@ def test_manager_on_a_real_run_restarts_the_slow_actor_and_pins_cores(tiny_confi
         trainer.close()
         manager.close()
     assert result.updates == 12 and max(result.lags) <= 2
-    assert os.sched_getaffinity(0) == set(cores)  # given back
+    assert _thread_cores(os.getpid()) == set(cores)  # given back, to every thread
     learner_cores, actor_cores, _ = seen[0]
     assert learner_cores == {cores[0]} and actor_cores == [set(cores[1:])] * 2
     decisions = result.resource_decisions
