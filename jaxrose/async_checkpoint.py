@@ -9,6 +9,7 @@ counters (updates, consumed env steps); the step number is the update count.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Optional
 
 import jax
@@ -47,6 +48,9 @@ def _fit_empty_leaves(env_state):
     return jax.tree.map(lambda x: x if x.size else np.zeros((saved[0],) + x.shape[1:], x.dtype), env_state)
 
 
+SLOW_SAVE_SECONDS = 60.0  # a save taking longer than this is reported while training waits for it
+
+
 class BackgroundSaver:
     def __init__(self, checkpointer: Checkpointer, config):
         self.checkpointer, self.config = checkpointer, config
@@ -77,7 +81,12 @@ class BackgroundSaver:
     def wait(self) -> None:
         """Waits for the save in flight; raises its error, if it failed."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(SLOW_SAVE_SECONDS)
+            if self._thread.is_alive():  # a slow or stuck disk: say why training waits, then wait
+                warnings.warn(f"A checkpoint is still being written to {self.checkpointer.directory} after "
+                              f"{SLOW_SAVE_SECONDS:.0f} s; training waits for it. Check that disk (full, slow, or a "
+                              f"hung network mount).", stacklevel=2)
+                self._thread.join()
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None

@@ -15,7 +15,9 @@ the bad state.
 from __future__ import annotations
 
 import os
+import sys
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -155,17 +157,21 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
                                 "train/policy_lag_mean": float(np.mean(result.lags)),
                                 "perf/queue_depth_mean": float(np.mean(result.queue_depths))})
     finally:
-        if trainer is not None:
-            trainer.close()
-        if manager is not None:
-            manager.close()
-        if saver is not None:
-            saver.wait()
-            saver.checkpointer.close()
-        evaluator.close()
-        for sink in sinks:
-            if hasattr(sink, "close"):
-                sink.close()
+        # Every step runs whatever another raised; the first error surfaces unless one is already on its way.
+        problems = []
+        steps = [trainer.close if trainer is not None else None, manager.close if manager is not None else None,
+                 saver.wait if saver is not None else None, saver.checkpointer.close if saver is not None else None,
+                 evaluator.close, *(sink.close for sink in sinks if hasattr(sink, "close"))]
+        for step in steps:
+            try:
+                if step is not None:
+                    step()
+            except Exception as error:  # noqa: BLE001 - reported below
+                problems.append(error)
+        if problems:
+            if sys.exc_info()[0] is None:
+                raise problems[0]
+            warnings.warn(f"While stopping after an error, cleanup also failed: {problems[0]!r}", stacklevel=2)
     evaluations.sort(key=lambda e: e["iteration"])
     state = RunState(result.learner, None, None, result.updates)
     out = TrainResult(state, trainer.executor, evaluations, update_seconds, startup_seconds, out_dir,

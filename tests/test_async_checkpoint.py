@@ -96,3 +96,33 @@ def test_zero_size_leaves_take_the_restored_group_count():
     restored = {"qpos": np.ones((2, 16, 3)), "act": np.zeros((1, 16, 0))}
     fitted = async_checkpoint._fit_empty_leaves(restored)
     assert fitted["act"].shape == (2, 16, 0) and fitted["qpos"] is restored["qpos"]
+
+
+class SlowDiskCheckpointer:
+    """Fault injection: a checkpointer on a disk that takes 0.5 s per save (no files written)."""
+
+    directory = "/slow/disk/checkpoints"
+
+    def __init__(self):
+        self.saved = []
+
+    def latest_step(self):
+        return self.saved[-1] if self.saved else None
+
+    def save(self, step, tree, config):
+        import time
+
+        time.sleep(0.5)
+        self.saved.append(step)
+
+
+def test_a_slow_save_is_reported_while_training_waits_for_it(monkeypatch, tiny_config):
+    monkeypatch.setattr(async_checkpoint, "SLOW_SAVE_SECONDS", 0.1)
+    saver = async_checkpoint.BackgroundSaver(SlowDiskCheckpointer(), tiny_config)
+    saver.submit(1, {"x": np.zeros(3)})
+    with pytest.warns(UserWarning, match=r"still being written to /slow/disk/checkpoints after 0 s"):
+        saver.wait()
+    assert saver.saved == [1] and saver.checkpointer.saved == [1]  # it waited for the save to finish
+    saver.submit(1, {"x": np.zeros(3)})  # the step the folder holds already: skipped, nothing to wait for
+    saver.wait()
+    assert saver.checkpointer.saved == [1]
