@@ -265,7 +265,8 @@ def measure_hand_off(tree: Any, kind: str = "host", repeats: int = 20, env: dict
             jax.block_until_ready(out)
             if trip:
                 seconds.append(time.perf_counter() - start)
-        np.testing.assert_array_equal(np.asarray(jax.tree.leaves(out)[0]), np.asarray(jax.tree.leaves(tree)[0]))
+        for got, sent in zip(jax.tree.leaves(out), jax.tree.leaves(tree), strict=True):  # every leaf came back whole
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(sent))
     finally:
         worker.stop()
         requests.close()

@@ -148,11 +148,19 @@ def test_killed_group_process_is_a_clear_error(tiny_config):
     assert segments and not existing(segments)
 
 
-def test_host_hand_off_is_exact_and_timed():
+def test_host_hand_off_is_exact_and_timed(monkeypatch):
     tree = {"obs": np.arange(4096 * 87, dtype=np.float32).reshape(4096, 87), "done": np.ones(4096, np.float32)}
     cost = measure_hand_off(tree, "host", repeats=3)
     assert cost["bytes"] == 4096 * 88 * 4
-    assert cost["round_trip_median_seconds"] > 0 and cost["one_way_seconds"] == cost["round_trip_median_seconds"] / 2
+    assert cost["round_trip_median_seconds"] > 0 and cost["gb_per_s_one_way"] > 0
+    # Every leaf is compared on the way back: a fault injected into the replies' `obs` is caught.
+    import jaxrose.transport as transport
+
+    read = transport.HostBuffers.read
+    corrupt = lambda self: {**read(self), "obs": read(self)["obs"] + 1.0}
+    monkeypatch.setattr(transport.HostBuffers, "read", corrupt)
+    with pytest.raises(AssertionError):
+        measure_hand_off(tree, "host", repeats=1)
 
 
 def test_spread_rollout_cuts_after_the_rollout(tiny_config):
