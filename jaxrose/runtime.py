@@ -19,7 +19,7 @@ import jax
 from jaxrose.config import TrainConfig
 from jaxrose.distributed import local_copy
 from jaxrose.mps import prepare_clients
-from jaxrose.plan import Plan, PlanError, chunk_program
+from jaxrose.plan import Plan, PlanError, chunk_program, stages_of
 from jaxrose.plan_executor import PlanExecutor
 from jaxrose.program import Program, run_program, writes_of
 from jaxrose.sequential import RunState, SequentialExecutor, health, next_run_state
@@ -58,6 +58,21 @@ def _serve_chunks(conn, config: TrainConfig, plan: Plan, process: str, program_f
         reader.close()
 
 
+def _check_helpers_feed_only_themselves(plan: Plan, program: Program, graph) -> None:
+    """Data crosses processes from the main one to helpers only: a helper's results come back
+    asynchronously, never as another chunk's input in the same iteration."""
+    chunk_of = {stage: chunk for chunk in plan.chunks if not chunk.group_processes
+                for stage in stages_of(program, chunk.nodes)}
+    for edge in graph.edges:
+        source, reader = chunk_of.get(edge.src), chunk_of.get(edge.dst)
+        if (edge.carried_by is None and source is not None and reader is not None and source.process != MAIN
+                and reader.process != source.process):
+            raise PlanError(f"Chunk {reader.name!r} (process {reader.process!r}) reads {edge.name!r}, which chunk "
+                            f"{source.name!r} writes on process {source.process!r} in the same iteration: this "
+                            f"runtime hands data from {MAIN!r} to helpers only. Place {reader.name!r} on "
+                            f"{source.process!r} too, or {source.name!r} on {MAIN!r}.")
+
+
 class MultiProcessPlanExecutor(PlanExecutor):
     def __init__(self, config: TrainConfig, plan: Plan, program_factory: Optional[Callable] = None,
                  worker_env: Optional[dict[str, dict[str, str]]] = None, timeout: float = 300.0):
@@ -70,6 +85,7 @@ class MultiProcessPlanExecutor(PlanExecutor):
                 raise PlanError(f"Chunk {chunk.name!r} is on process {chunk.process!r} but not deferred: this "
                                 f"runtime keeps the critical path in the main process (a hand-off per iteration "
                                 f"on it costs more than it saves). Defer it or place it on {MAIN!r}.")
+        _check_helpers_feed_only_themselves(plan, self.program, self.graph)
         if worker_env is None:  # each helper an MPS client at its planned quota, where MPS is available
             quotas = dict(plan.quotas)
             worker_env = prepare_clients({p: quotas.get(p) for p in plan.processes if p != MAIN},

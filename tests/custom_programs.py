@@ -25,3 +25,14 @@ def ppo_with_clipped_rewards(executor, group_local: bool = True):
 
 def ppo_with_clipped_rewards_undeclared(executor):
     return ppo_with_clipped_rewards(executor, group_local=False)
+
+
+def count_metrics(metrics):
+    return {"metric_count": jnp.asarray(len(metrics), jnp.float32)}
+
+
+def ppo_with_metrics_counted(executor):
+    """PPO with a last stage that reads the reduced metrics (a logging step after reduce_metrics)."""
+    program = executor.program
+    stage = Stage("count_metrics", count_metrics, ("metrics",), ("metric_count",), "logging")
+    return dataclasses.replace(program, body=(*program.body, stage))

@@ -102,6 +102,34 @@ def test_critical_path_chunk_on_a_helper_is_refused(tiny_config):
         MultiProcessPlanExecutor(tiny_config, plan)
 
 
+def test_a_helper_feeding_another_process_in_the_same_iteration_is_refused(tiny_config):
+    """reduce_metrics deferred to a helper, a stage reading its metrics deferred on main: the plan is
+    legal, but this runtime hands data from main to helpers only (it failed with a bare KeyError)."""
+    from custom_programs import ppo_with_metrics_counted
+
+    program = ppo_with_metrics_counted(SequentialExecutor(tiny_config))
+    graph = build_graph(program, ITERATION_INPUTS)
+    plan = split_chunk(split_chunk(sequential_plan(program), "iteration", "reduce_metrics"), "reduce_metrics",
+                       "count_metrics")
+    plan = defer(plan, program, graph, "count_metrics")
+    plan = defer(place(plan, "reduce_metrics", "helper"), program, graph, "reduce_metrics")
+    with pytest.raises(PlanError, match=r"'count_metrics' \(process 'main'\) reads 'metrics', which chunk "
+                                        r"'reduce_metrics' writes on process 'helper'"):
+        MultiProcessPlanExecutor(tiny_config, plan, program_factory=ppo_with_metrics_counted)
+    # Both on the helper: accepted, and the run equals the single-process plan's.
+    both = place(plan, "count_metrics", "helper")
+    runtime = MultiProcessPlanExecutor(tiny_config, both, program_factory=ppo_with_metrics_counted)
+    try:
+        state = runtime.init(jax.random.PRNGKey(0))
+        runtime.compile(state)
+        for _ in range(2):
+            state, _ = runtime.step(state)
+        outputs = [out for _, _, out, _ in runtime.drain()]
+    finally:
+        runtime.close()
+    assert [float(out["metric_count"]) for out in outputs] == [float(len(outputs[0]["metrics"]))] * 2
+
+
 def test_train_with_a_saved_plan(tiny_config, tmp_path):
     """`run.plan` runs the plan's chunks in their processes; the run equals the sequential one and
     the metrics computed on the helper reach metrics.jsonl."""
