@@ -138,6 +138,10 @@ def validate(plan: Plan, program: Program, graph: DataflowGraph) -> None:
         raise PlanError(f"Plan chunks must cover the program's nodes once each, in order: expected "
                         f"{top_level_names(program)}, got {order}.")
     for chunk in plan.chunks:
+        for loop in chunk.unrolled:  # a typo in a plan file would otherwise run the loop rolled, silently
+            if all(_find_loop(program_node(program, n), loop) is None for n in chunk.nodes):
+                raise PlanError(f"Chunk {chunk.name!r} unrolls loop {loop!r}, which it does not contain; its "
+                                f"loops: {', '.join(_loop_names(program, chunk.nodes)) or 'none'}.")
         if chunk.deferred:
             _check_deferrable(plan, program, graph, chunk)
         if chunk.group_processes:
@@ -348,6 +352,12 @@ def unroll_loop(plan: Plan, program: Program, loop_name: str) -> Plan:
 
 def program_node(program: Program, name: str):
     return next(node for node in program.body if node.name == name)
+
+
+def _loop_names(program: Program, node_names) -> list[str]:
+    def names(node) -> list[str]:
+        return [node.name, *(n for child in node.body for n in names(child))] if isinstance(node, Loop) else []
+    return [n for name in node_names for n in names(program_node(program, name))]
 
 
 def _find_loop(node, name: str):

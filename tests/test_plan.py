@@ -125,6 +125,13 @@ def test_only_a_loop_with_a_static_length_unrolls_and_the_plan_keeps_it(program_
         unroll_loop(plan, program, "rollout_step")
     with pytest.raises(PlanError, match="No loop named 'nowhere'"):
         unroll_loop(plan, program, "nowhere")
+    # A plan file naming a loop its chunk lacks (a typo) is refused, with the chunk's loops named.
+    import dataclasses
+
+    typo = dataclasses.replace(plan, chunks=(dataclasses.replace(plan.chunks[0], unrolled=("rollout_stpe",)),))
+    with pytest.raises(PlanError, match=r"unrolls loop 'rollout_stpe', which it does not contain; its loops: .*"
+                                        r"rollout_step"):
+        validate(typo, program, build_graph(program, ITERATION_INPUTS))
 
 
 def test_bad_group_count_names_the_setting(program_and_graph):
