@@ -254,6 +254,34 @@ def test_each_ratio_is_the_quotient_of_stored_values(bench_run):
         assert ratio["value"] == pytest.approx(numerator / denominator, rel=1e-12)
 
 
+def _side_names(path: str) -> str:
+    """What a ratio's name calls the quantity at `path`, written from the results' layout."""
+    parts = path.split(".")
+    if parts[0] == "limits":
+        return "rollout ceiling" if parts[1].startswith("rollout_ceiling") else "synchronous limit"
+    return "brax" if parts[1] == "brax" else f"jaxrose {parts[1]}"
+
+
+@pytest.mark.parametrize("name, numerator, denominator", RATIOS, ids=[r[0][:60] for r in RATIOS])
+def test_each_ratio_is_named_after_what_it_divides(name, numerator, denominator):
+    """The name says which quantity is over which: a swapped or mislabelled entry of RATIOS fails here
+    (the quotient test above reads the paths from the same entry, so it could not)."""
+    quotient = name.split(": ", 1)[-1] if name.startswith(("time to", "rollout ceiling:")) else name
+    left, right = quotient.split(" / ", 1)
+    if name.startswith("rollout ceiling:"):  # "random / zero actions": both sides the ceiling
+        assert "random_actions" in numerator and "random_actions" not in denominator
+        return
+    assert _side_names(numerator) in left and _side_names(denominator) in right, (left, right)
+    if "with_evals" in numerator or "with_evals" in denominator:
+        assert "incl. evals" in name
+    elif "incl. evals" in name:
+        pytest.fail(f"{name!r} says 'incl. evals' but divides {numerator} by {denominator}")
+    if "random_actions" in denominator:
+        assert "random actions" in right
+    if "threshold" in numerator:
+        assert "time to" in name and "speedup" in name  # times: the slower one's over the faster one's
+
+
 def test_markdown_plot_and_record_are_written(bench_run):
     out, results, record = bench_run
     markdown = (out / "results.md").read_text()
