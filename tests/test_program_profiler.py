@@ -12,10 +12,12 @@ def test_profile_covers_every_top_level_node(tiny_config):
     profile = profile_program(default_executor_factory, tiny_config, iterations=2)
     assert set(profile.stages) == {"split_iteration_key", "unroll", "prepare_batch", "update_normalizer",
                                    "split_learner_key", "epoch", "reduce_metrics"}
-    assert all(stage.seconds >= 0 for stage in profile.stages.values())
-    assert profile.dispatch_seconds > 0
-    # The epochs (4 minibatch SGD steps x 2) cost more than splitting a key.
-    assert profile.stages["epoch"].seconds > profile.stages["split_learner_key"].seconds
+    # The loops' work shows above the per-chunk overhead: 8 rollout steps of 32 envs, and 2 epochs of
+    # 4 minibatch SGD steps, each cost more than reducing a few metrics or splitting a key.
+    seconds = {name: stage.seconds for name, stage in profile.stages.items()}
+    assert seconds["unroll"] > seconds["reduce_metrics"] and seconds["unroll"] > seconds["split_iteration_key"]
+    assert seconds["epoch"] > seconds["split_learner_key"] and seconds["epoch"] > seconds["update_normalizer"]
+    assert 0 < profile.dispatch_seconds < seconds["unroll"]
     assert "no SM activity" in profile.source
 
 
