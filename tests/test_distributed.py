@@ -227,12 +227,15 @@ def test_over_several_processes_a_helper_gets_whole_values_and_no_rollout_is_spr
     from jaxrose.ppo_program import ITERATION_INPUTS
     from jaxrose.runtime import executor_for, local_inputs
 
-    class SplitOverProcesses:  # stands in for a jax.Array sharded over processes (no whole copy here)
+    class FakeProcessShardedArray:
+        """A fake (named as such) of a jax.Array sharded over several processes: one process cannot make a
+        real one (its other shards live in processes that do not exist here); these two flags are all
+        `local_inputs` reads."""
         is_fully_addressable = False
         is_fully_replicated = False
 
     with pytest.raises(PlanError, match="Helper 'helper' reads 'batch', which is split over this run's processes"):
-        local_inputs("helper", {"batch": SplitOverProcesses()})
+        local_inputs("helper", {"batch": FakeProcessShardedArray()})
     np.testing.assert_array_equal(local_inputs("helper", {"x": np.arange(3)})["x"], np.arange(3))
     program = SequentialExecutor(tiny_config).program
     spread = spread_rollout(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS),

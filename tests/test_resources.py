@@ -308,10 +308,15 @@ def test_a_grown_batch_keeps_the_minibatch_size_and_takes_more_sgd_steps(tiny_co
     counted = replace(config, **{"run.resources.grow_keeps": "minibatch_count"})
     assert learner_config(counted, 2, 1) == counted
 
+    from jaxrose.ppo_program import make_learner
+
+    # One network and one starting state for every config: they differ only in how the batch is minibatched.
+    base = SequentialExecutor(config)
+    start = jax.device_get(base.init(jax.random.PRNGKey(1)).learner)
+
     def update(cfg, segments):
-        executor = SequentialExecutor(cfg)
-        learner = executor.init(jax.random.PRNGKey(1)).learner
-        return jax.device_get(executor.learner.update(learner, _random_batch(cfg, segments))[0].params)
+        learner = make_learner(base.net, base.observation_size, cfg.ppo, cfg.run.learner_unroll)
+        return jax.device_get(learner.update(start, _random_batch(cfg, segments))[0].params)
 
     def same(a, b):
         return all(np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
