@@ -720,13 +720,18 @@ def test_bad_budget_scales_name_the_flag_and_the_fix(scales, message):
 
 @pytest.mark.parametrize("scaled, train_args", [("sequential", []), ("async", ["--", "--run.actors", "1"])])
 def test_a_scaled_system_evaluates_at_the_others_env_steps_and_past_them(tmp_path, scaled, train_args):
-    main(["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
-          "--systems", f"brax,{scaled}", "--budget-scales", f"{scaled}=2", "--repeats", "1", "--out", str(tmp_path),
-          *train_args])
+    from jaxrose.bench import train_config
+
+    args = ["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--num-eval-envs", "16",
+            "--budget-scales", f"{scaled}=2", "--repeats", "1", "--out", str(tmp_path)]
+    main([*args, "--systems", scaled, *train_args])  # the unscaled systems' schedule is the bench's own config's
+    unscaled = train_config(parse_args(args))
+    others = [i * unscaled.iterations_per_eval * unscaled.env_steps_per_iteration for i in range(unscaled.run.num_evals)]
+    assert others == [0, 10240, 20480]
     results = json.loads((tmp_path / "results.json").read_text())
-    brax, system = results["systems"]["brax"], results["systems"][scaled]
+    system = results["systems"][scaled]
     assert system["status"] == "ok", system.get("reason")
-    assert brax["eval_env_steps"] == [0, 10240, 20480]
+    assert system["eval_env_steps"][:3] == others
     assert system["eval_env_steps"] == [0, 10240, 20480, 30720, 40960]  # 2 x 2 periods of 10,240 steps
     assert results["budgets"] == {scaled: {"total_env_steps": 40960, "num_evals": 5, "scale": 2.0}}
     assert "2x the budget (--budget-scales), 40,960 env steps, 5 evaluations" in (tmp_path / "results.md").read_text()
