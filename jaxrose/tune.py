@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import jax
 
-from jaxrose.config import TrainConfig
+from jaxrose.config import ConfigError, TrainConfig
 from jaxrose.graph import build_graph
 from jaxrose.mps import clients_unavailable_reason
 from jaxrose.plan import Plan, PlanError, evaluate_in_process, sequential_plan, spread_rollout, unroll_loop, with_quota
@@ -325,10 +325,14 @@ def _tune_groups(config: TrainConfig, measure: Measure, program, graph, plan: Pl
     for workers in (2, 4):
         if config.env.num_envs % workers:
             continue
-        candidate = spread_rollout(base, program, graph, tuple(f"group{i}" for i in range(workers)),
-                                   config.env.num_envs)
-        kept, measured = _judge(measure, candidate, f"spread the rollout over {workers} group processes", 0.0,
-                                seconds, noise, trials)
+        description = f"spread the rollout over {workers} group processes"
+        try:
+            candidate = spread_rollout(base, program, graph, tuple(f"group{i}" for i in range(workers)),
+                                       config.env.num_envs)
+            kept, measured = _judge(measure, candidate, description, 0.0, seconds, noise, trials)
+        except (PlanError, ConfigError) as e:  # e.g. several devices or processes: recorded, not fatal
+            trials.append(Trial(description, 0.0, None, False, f"illegal: {e}"))
+            continue
         if kept:
             plan, seconds = candidate, measured
     return plan, seconds

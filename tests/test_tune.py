@@ -130,6 +130,23 @@ def test_group_spread_is_kept_only_when_measured_faster_by_the_noise(tiny_config
     assert (chosen.spread_chunk is not None) == any(kept)
 
 
+def test_a_spread_that_cannot_run_is_recorded_as_illegal_not_fatal(tiny_config):
+    from jaxrose.graph import build_graph
+    from jaxrose.plan import PlanError, sequential_plan
+    from jaxrose.tune import _tune_groups
+
+    def refusing_measure(plan):  # a fault injected: the runtime refuses the spread (as over several processes)
+        raise PlanError("A plan that spreads the rollout over group processes runs on one process")
+
+    program = SequentialExecutor(tiny_config).program
+    plan, trials = sequential_plan(program), []
+    chosen, seconds = _tune_groups(tiny_config, refusing_measure, program, build_graph(program, ITERATION_INPUTS),
+                                   plan, 1.0, 0.02, trials)
+    assert chosen is plan and seconds == 1.0
+    assert [(t.kept, t.measured_seconds) for t in trials] == [(False, None)] * 2
+    assert all(t.reason.startswith("illegal: A plan that spreads") for t in trials)
+
+
 class FakeEvaluationMeasure:
     """A fake (named as such) of `Measurements.evaluation_runs`: scripted seconds per iteration with the
     evaluation inline or in a process, and a log of what was asked."""
