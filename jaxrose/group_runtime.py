@@ -231,8 +231,7 @@ class GroupSpreadExecutor(PlanExecutor):
         self.last_seconds = [worker.receive(self.timeout)[2] for worker in self.workers]
         log.debug("iteration %d: group rollouts took %s s", iteration, ", ".join(f"{s:.3f}" for s in self.last_seconds))
         parts = [results.read() for results in self._results]
-        gathered = jax.tree.map(lambda axis, *xs: xs[0] if axis == REPLICATED else jnp.concatenate(xs, axis=axis),
-                                self._group_axes, *parts)
+        gathered = jax.tree_util.tree_map_with_path(_gather_output, self._group_axes, *parts)
         values = {**run_state_to_program_state(state), **gathered}
         for fn in self._local_fns():
             values = fn(values)
@@ -266,6 +265,19 @@ class GroupSpreadExecutor(PlanExecutor):
 
 
 REPLICATED = -1  # an output every group process computes identically (the loop key): take the first
+
+
+def _gather_output(path, axis: int, *parts):
+    """One output of the spread chunk from every group process: joined along its group axis, or, where
+    each process has the whole output (REPLICATED), the first after checking that they all agree: a
+    difference means a stage declared `group_local` combined env groups."""
+    if axis != REPLICATED:
+        return jnp.concatenate(parts, axis=axis)
+    if any(not np.array_equal(parts[0], other, equal_nan=True) for other in parts[1:]):
+        raise PlanError(f"The spread chunk's output {jax.tree_util.keystr(path)} differs between group processes "
+                        f"although each computes it whole: a stage in the chunk combines env groups. Declare it "
+                        f"without `group_local=True` (it then runs after the spread), or make it per group.")
+    return parts[0]
 
 
 def _group_axis(local, full) -> int:

@@ -36,3 +36,25 @@ def ppo_with_metrics_counted(executor):
     program = executor.program
     stage = Stage("count_metrics", count_metrics, ("metrics",), ("metric_count",), "logging")
     return dataclasses.replace(program, body=(*program.body, stage))
+
+
+def scale_rewards_by_batch_std(unrolls):
+    """Divides rewards by their standard deviation over the whole batch: it combines env groups."""
+    scale = jnp.std(unrolls["reward"]) + 1e-6
+    return {"unrolls": {**unrolls, "reward": unrolls["reward"] / scale}, "reward_scale": scale}
+
+
+def note_scale(reward_scale):
+    return {"reward_scale_noted": reward_scale}
+
+
+def ppo_with_a_wrongly_group_local_stage(executor):
+    """A stage declared `group_local` that reduces over all env groups (a user's mistake), and a later
+    stage reading its scalar output."""
+    program = executor.program
+    body = list(program.body)
+    at = [node.name for node in body].index("unroll") + 1
+    body.insert(at, Stage("scale_rewards", scale_rewards_by_batch_std, ("unrolls",), ("unrolls", "reward_scale"),
+                          "learner", group_local=True))
+    body.insert(at + 1, Stage("note_scale", note_scale, ("reward_scale",), ("reward_scale_noted",), "logging"))
+    return dataclasses.replace(program, body=tuple(body))

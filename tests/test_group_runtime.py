@@ -178,6 +178,25 @@ def spread_rollout_helper(program, graph, config):
     return spread_rollout(sequential_plan(program), program, graph, ("g0", "g1"), config.env.num_envs, 2)
 
 
+def test_a_group_local_stage_that_combines_groups_is_caught(tiny_config):
+    """Each group process computes the batch-wide reward scale of its own groups only: the runtime
+    refuses to keep one process's value for all (before, process 0's was taken silently)."""
+    from custom_programs import ppo_with_a_wrongly_group_local_stage
+    from jaxrose.plan import spread_rollout
+
+    program = ppo_with_a_wrongly_group_local_stage(SequentialExecutor(tiny_config))
+    plan = spread_rollout(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS), ("g0", "g1"),
+                          tiny_config.env.num_envs)
+    assert plan.chunks[0].nodes == ("split_iteration_key", "unroll", "scale_rewards")
+    runtime = GroupSpreadExecutor(tiny_config, plan, timeout=120, program_factory=ppo_with_a_wrongly_group_local_stage)
+    try:
+        state = runtime.init(jax.random.PRNGKey(5))
+        with pytest.raises(PlanError, match=r"output \['reward_scale'\] differs between group processes"):
+            runtime.step(state)
+    finally:
+        runtime.close()
+
+
 def test_group_local_batch_preparation_moves_next_to_the_rollout(tiny_config):
     """A stage declared group-local (reward clipping) joins the spread chunk and runs in the group
     processes; the run equals the sequential run of the same program, bit for bit on CPU."""
