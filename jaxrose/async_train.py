@@ -61,7 +61,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
     if run.progress_bar:
         sinks.append(ProgressBar(budget))
     evaluator, trainer = ProcessEvaluator(config, envs["evaluator"], task=env), None
-    evaluations, update_seconds, update_starts = [], [], []
+    evaluations, update_seconds, update_starts, update_env_steps = [], [], [], []
     eval_every = config.iterations_per_eval * config.env_steps_per_iteration
     every = [eval_every] + ([run.checkpoint_every * config.env_steps_per_iteration] if run.checkpoint_every else [])
     next_save = {"steps": eval_every}
@@ -119,6 +119,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
             now = time.perf_counter()
             update_starts.append(last["time"])
             update_seconds.append(now - last["time"])
+            update_env_steps.append(steps - consumed0)
             last["time"] = now
             emit(steps, {"train/policy_lag_max": max(info["lags"]), "perf/queue_depth": info["queue_depth"],
                          "train/episode_return": info["episode_return"] if info["episodes"] else float("nan"),
@@ -178,4 +179,5 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
                       sum(update_seconds), update_starts, evaluator.worker.info)
     out.async_result = result
     out.skipped_iterations = nonfinite.skipped
+    out.iteration_env_steps = update_env_steps
     return out

@@ -542,10 +542,10 @@ def _async_child(config_path: str, summary_path: str) -> None:
     run = result.async_result
     first_period = config.iterations_per_eval * config.env_steps_per_iteration
     evals = result.evaluations
-    consumed_per_update = run.env_steps / max(run.updates, 1)
-    first_steady = min(int(np.ceil(first_period / consumed_per_update)), len(result.iteration_start_times) - 1)
+    # Each update's own consumed env steps (updates differ in size when batches grow): never an average.
+    first_steady, before = async_steady_start(result.iteration_env_steps, run.learner_step_updates, first_period)
     t0, t1 = result.iteration_start_times[first_steady], max(e["done_time"] for e in evals)
-    steady_steps = run.env_steps - first_steady * consumed_per_update
+    steady_steps = run.env_steps - before
     updates_end = result.iteration_start_times[-1] + result.iteration_seconds[-1]
     first_learner_step = first_steady_step(run.learner_step_updates, first_steady)
     summary = {
@@ -559,7 +559,8 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "eval_env_steps": [e["env_steps"] for e in evals], "final_return": result.final_return,
         "eval_worker": result.eval_worker, "eval_done_seconds": [e["done_time"] - start for e in evals],
         "update_start_seconds": [t - start for t in result.iteration_start_times],
-        "update_seconds": list(result.iteration_seconds), "hand_offs": run.hand_offs,
+        "update_seconds": list(result.iteration_seconds), "update_env_steps": list(result.iteration_env_steps),
+        "first_steady_update": first_steady, "hand_offs": run.hand_offs,
         "run_ahead": run.run_ahead, "transport": run.transport,
         # Where the steady time goes: each actor's rollout (its own clock, first rollouts with their compile
         # left out) against the learner's busy and waiting time per steady update.
@@ -581,6 +582,18 @@ def _async_child(config_path: str, summary_path: str) -> None:
     }
     with open(summary_path, "w") as f:
         json.dump(jsonable(summary), f)
+
+
+def async_steady_start(update_env_steps: list[int], step_updates: list[int], first_period: int) -> tuple[int, int]:
+    """Where the asynchronous steady window starts: the first update that opens a learner step (a step may
+    hold several updates) with at least `first_period` env steps consumed before it. Returns its index and
+    the env steps consumed before it, from each update's cumulative count `update_env_steps`; the last
+    step's first update when none qualifies."""
+    before = [0, *update_env_steps[:-1]]
+    step_starts = [0, *step_updates[:-1]] if step_updates else [0]
+    starts = [s for s in step_starts if s < len(before)] or [0]
+    first = next((s for s in starts if before[s] >= first_period), starts[-1])
+    return first, before[first] if before else 0
 
 
 def first_steady_step(step_updates: list[int], first_steady_update: int) -> int:

@@ -73,6 +73,9 @@ class TrainResult:
     """What the evaluation process reported at start (device, SM count), when evaluation ran there."""
     skipped_iterations: list[int] = dataclasses.field(default_factory=list)
     """Iterations whose update was dropped for NaN or Inf (`run.on_nonfinite='skip'`)."""
+    iteration_env_steps: list[int] = dataclasses.field(default_factory=list)
+    """Asynchronous mode: env steps consumed by the end of each update, counted from the run's start (updates
+    differ in size when batches grow)."""
 
     @property
     def params(self):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from jaxrose.bench import RATIOS, BenchConfig, first_steady_step, lookup, main, parse_args
+from jaxrose.bench import RATIOS, BenchConfig, async_steady_start, first_steady_step, lookup, main, parse_args
 from jaxrose.config import ConfigError
 from jaxrose.presets import get_preset
 
@@ -100,8 +100,28 @@ def test_async_system_reports_its_rates_and_lags(bench_run):
     assert all(_positive(t) for t in summary["learner_busy_seconds"])
     assert summary["median_steady_learner_busy_seconds"] > 0
     assert summary["learner_step_updates"] == list(range(1, len(summary["update_seconds"]) + 1))  # 1 update a step
+    # The steady env steps are each update's own: the total less what the updates before the window consumed.
+    steps, first = summary["update_env_steps"], summary["first_steady_update"]
+    assert len(steps) == len(summary["update_seconds"]) and steps == sorted(steps)
+    assert summary["steady_env_steps"] == steps[-1] - (steps[first - 1] if first else 0)
     report = (out / "results.md").read_text()
     assert f"learner busy {summary['median_steady_learner_busy_seconds']:.3f} s" in report
+
+
+def test_the_async_steady_window_counts_each_updates_own_env_steps():
+    """Batches grown 1 -> 2 -> 4 groups (the s-30M run in BENCHMARKS.md: 10, 30 and 7 updates; a first
+    evaluation period of 19 group rollouts). An average over updates put the window at update 10 and
+    subtracted 10 average updates (6.83M steps instead of 3.28M); the window starts at update 15, the
+    first with 19 group rollouts (here 20) consumed before it."""
+    group = 327_680
+    sizes = [1] * 10 + [2] * 30 + [4] * 7
+    cumulative = [sum(sizes[:k + 1]) * group for k in range(len(sizes))]
+    first, before = async_steady_start(cumulative, list(range(1, 48)), 19 * group)
+    assert (first, before) == (15, 20 * group) and cumulative[-1] - before == 25_559_040
+    # Two updates a learner step: the window opens with a step, never between its two updates.
+    two_a_step = [2 * k for k in range(1, 21)]
+    assert async_steady_start([k * group for k in range(1, 41)], two_a_step, 19 * group) == (20, 20 * group)
+    assert async_steady_start([group, 2 * group], [1, 2], 5 * group) == (1, group)  # none steady: the last step
 
 
 def test_the_first_steady_learner_step_when_steps_hold_several_updates():
