@@ -561,6 +561,8 @@ def _async_child(config_path: str, summary_path: str) -> None:
         "update_start_seconds": [t - start for t in result.iteration_start_times],
         "update_seconds": list(result.iteration_seconds), "update_env_steps": list(result.iteration_env_steps),
         "first_steady_update": first_steady, "hand_offs": run.hand_offs,
+        # The simulation ceiling steps env.num_envs: the same count only if every actor kept its share.
+        "envs_as_ceiling": all(groups == config.env.num_groups // config.run.actors for _, groups in run.trajectory_groups),
         "run_ahead": run.run_ahead, "transport": run.transport,
         # Where the steady time goes: each actor's rollout (its own clock, first rollouts with their compile
         # left out) against the learner's busy and waiting time per steady update.
@@ -811,9 +813,14 @@ def lookup(results: dict, path: str):
 
 
 def compute_ratios(results: dict) -> list[dict]:
-    """Every ratio whose two measured values exist in `results`, with the paths it was computed from."""
+    """Every ratio whose two measured values exist in `results`, with the paths it was computed from. An
+    asynchronous system that stepped another env count than the ceiling's (started or grown to other
+    batch sizes) is not divided by that ceiling: the ceiling at its own env count is another run's."""
     ratios = []
     for name, numerator, denominator in RATIOS:
+        if (numerator.startswith("systems.async.") and denominator.startswith("limits.rollout_ceiling")
+                and lookup(results, "systems.async.envs_as_ceiling") is False):
+            continue
         a, b = lookup(results, numerator), lookup(results, denominator)
         if is_finite_number(a) and is_finite_number(b) and b > 0:
             ratios.append({"name": name, "numerator": numerator, "denominator": denominator, "value": a / b})

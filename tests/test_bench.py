@@ -302,6 +302,18 @@ def test_each_ratio_is_named_after_what_it_divides(name, numerator, denominator)
         assert "time to" in name and "speedup" in name  # times: the slower one's over the faster one's
 
 
+@pytest.mark.parametrize("same_envs", [True, False])
+def test_an_async_system_at_other_env_counts_is_not_divided_by_the_ceiling(same_envs):
+    from jaxrose.bench import compute_ratios
+
+    results = {"systems": {"async": {"steady_sps_with_evals": 2.0, "envs_as_ceiling": same_envs},
+                           "brax": {"steady_sps_with_evals": 1.0}},
+               "limits": {"rollout_ceiling_sps": 4.0}}
+    ratios = {r["name"]: r["value"] for r in compute_ratios(results)}
+    assert ratios["jaxrose async / brax (incl. evals)"] == 2.0
+    assert ratios.get("jaxrose async / rollout ceiling (incl. evals)") == (0.5 if same_envs else None)
+
+
 def test_markdown_plot_and_record_are_written(bench_run):
     out, results, record = bench_run
     markdown = (out / "results.md").read_text()
