@@ -73,6 +73,12 @@ def brax_kwargs(config) -> tuple[dict, list[str]]:
     if env.num_groups != 1:
         notes.append(f"env.num_groups={env.num_groups} has no brax equivalent; brax ran one group of "
                      f"{env.num_envs} envs.")
+    if net.compute_dtype != "float32":
+        notes.append(f"network.compute_dtype={net.compute_dtype} has no brax equivalent; brax's networks ran in "
+                     f"float32.")
+    if ppo.minibatch_segments is not None:
+        notes.append(f"ppo.minibatch_segments={ppo.minibatch_segments} has no brax equivalent; brax split each "
+                     f"batch into ppo.num_minibatches={ppo.num_minibatches} minibatches.")
     network_factory = functools.partial(ppo_networks.make_ppo_networks,
                                         policy_hidden_layer_sizes=tuple(net.policy_hidden),
                                         value_hidden_layer_sizes=tuple(net.value_hidden),

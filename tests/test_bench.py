@@ -525,6 +525,18 @@ def test_brax_baseline_steps_the_same_randomized_env_as_jaxrose():
     assert brax_kwargs(config)[1] == []  # and the mapping has nothing inexact to report
 
 
+def test_settings_brax_cannot_follow_are_noted():
+    from jaxrose.bench_brax import brax_kwargs
+    from jaxrose.config import replace
+    from jaxrose.presets import get_preset
+
+    config = replace(get_preset("ant-mlp"), **{"network.compute_dtype": "bfloat16", "ppo.minibatch_segments": 512})
+    kwargs, notes = brax_kwargs(config)
+    assert any("network.compute_dtype=bfloat16" in n and "float32" in n for n in notes), notes
+    assert any("ppo.minibatch_segments=512" in n and "num_minibatches=32" in n for n in notes), notes
+    assert kwargs["num_minibatches"] == 32
+
+
 def test_plot_adds_a_success_panel_for_tasks_with_a_success_metric(bench_run, tmp_path):
     import copy
 
