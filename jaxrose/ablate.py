@@ -75,6 +75,11 @@ def ablate(presets: Union[str, Sequence[str], Mapping[str, TrainConfig]], arms: 
     if not isinstance(max_candidates, int) or max_candidates < 0:
         raise ConfigError(f"max_candidates must be an integer >= 0, got {max_candidates!r}.")
     rows, plans = [], {}
+    if out_dir is not None:  # an earlier ablation's tables are kept, moved aside, not overwritten
+        from jaxrose.ablate_report import REPORT_FILES
+        from jaxrose.run_folder import set_aside
+
+        set_aside(out_dir, REPORT_FILES, "The ablation's out_dir", "Give each ablation its own out_dir.")
     with GpuActivitySampler() as sampler:
         for label, config in configs.items():
             if config.run.compile_cache:

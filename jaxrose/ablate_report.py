@@ -10,6 +10,8 @@ import statistics
 import textwrap
 from typing import Optional
 
+from jaxrose.run_folder import write_atomically
+
 # Summary columns: (row field, header, format); None reads "n/a".
 _SUMMARY = (("seconds_per_iteration", "ms / iteration", lambda v: f"{v * 1e3:.2f}"),
             ("env_steps_per_second", "env steps / s", lambda v: f"{v:,.0f}"),
@@ -20,20 +22,20 @@ _SUMMARY = (("seconds_per_iteration", "ms / iteration", lambda v: f"{v * 1e3:.2f
             ("candidates_tried", "tried", lambda v: f"{v:g}"),
             ("measurements_reused", "reused", lambda v: f"{v:g}"))
 
+REPORT_FILES = ("table.csv", "table.json", "summary.md", "speedup.png", "sm_activity.png", "plans.json")
+
 
 def write_report(rows: list[dict], out_dir: str, note: Optional[str] = None,
                  plans: Optional[dict[str, dict]] = None) -> dict[str, str]:
     """Writes table.csv, table.json, summary.md, speedup.png and sm_activity.png, and plans.json when
     `plans` (each run's chosen plan) is given; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = {name: os.path.join(out_dir, name)
-             for name in ("table.csv", "table.json", "summary.md", "speedup.png", "sm_activity.png")}
+    paths = {name: os.path.join(out_dir, name) for name in REPORT_FILES if name != "plans.json"}
     with open(paths["table.csv"], "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)  # None is written as an empty cell; floats as repr, so they read back exactly
-    with open(paths["table.json"], "w") as f:
-        json.dump(rows, f, indent=2)
+    write_atomically(paths["table.json"], json.dumps(rows, indent=2))
     with open(paths["summary.md"], "w") as f:
         f.write(summary_markdown(rows, note))
     if plans is not None:

@@ -44,6 +44,7 @@ import numpy as np
 from jaxrose.bench_brax import run_brax
 from jaxrose.bench_report import SYSTEM_LABELS, append_record, is_finite_number, jsonable, plot_results, render_markdown
 from jaxrose.provenance import git_state
+from jaxrose.run_folder import set_aside, write_atomically
 
 SYSTEMS = ("brax", "sim", "sequential", "overlapped", "spread", "tuned", "async")
 CHILD_SYSTEMS = ("overlapped", "spread", "tuned", "async")  # run in processes of their own, beside this one
@@ -877,6 +878,8 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     systems: dict[str, dict] = {}
     update = train_result = None
     stop: dict = {}
+    # A bench into a folder holding an earlier bench's outputs keeps them (moved aside), never overwrites them.
+    set_aside(bench.out_dir, BENCH_OUTPUTS, "--out", "Give each bench its own --out to keep them apart.")
     running = None  # the system started last
     live = _LiveProgress()  # the sequential system's iterations as they come, for an interruption
     with _sigterm_stops_the_bench(stop), GpuActivitySampler() as sampler:
@@ -956,10 +959,13 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
     return results
 
 
+BENCH_OUTPUTS = ("results.json", "results.md", "results.png", "partial.json")
+
+
 def _write_partial(bench: BenchConfig, systems: dict) -> None:
     os.makedirs(bench.out_dir, exist_ok=True)
-    with open(os.path.join(bench.out_dir, "partial.json"), "w") as f:
-        json.dump(jsonable(systems), f, indent=2, allow_nan=False)
+    write_atomically(os.path.join(bench.out_dir, "partial.json"),
+                     json.dumps(jsonable(systems), indent=2, allow_nan=False))
 
 
 def _meta(bench: BenchConfig, command: Optional[str], sampler) -> dict:
@@ -1018,11 +1024,9 @@ def _log(message: str) -> None:
 
 def write_outputs(results: dict, bench: BenchConfig) -> None:
     os.makedirs(bench.out_dir, exist_ok=True)
-    with open(os.path.join(bench.out_dir, "results.json"), "w") as f:
-        json.dump(jsonable(results), f, indent=2, allow_nan=False)
+    write_atomically(os.path.join(bench.out_dir, "results.json"), json.dumps(jsonable(results), indent=2, allow_nan=False))
     markdown = render_markdown(results)
-    with open(os.path.join(bench.out_dir, "results.md"), "w") as f:
-        f.write(markdown)
+    write_atomically(os.path.join(bench.out_dir, "results.md"), markdown)
     plot_results(results, os.path.join(bench.out_dir, "results.png"))
     if bench.record:
         append_record(bench.record, markdown)

@@ -481,11 +481,12 @@ def plot_comparison(comparison: Comparison, png_path: str) -> str:
 
 
 def write_outputs(comparison: Comparison, out_dir: str) -> None:
+    from jaxrose.run_folder import set_aside, write_atomically
+
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "compare.md"), "w") as f:
-        f.write(render_markdown(comparison))
-    with open(os.path.join(out_dir, "compare.json"), "w") as f:
-        json.dump(to_json(comparison), f, indent=2, allow_nan=False)
+    set_aside(out_dir, ("compare.md", "compare.json", "compare.png"), "--out", "Give each comparison its own --out.")
+    write_atomically(os.path.join(out_dir, "compare.md"), render_markdown(comparison))
+    write_atomically(os.path.join(out_dir, "compare.json"), json.dumps(to_json(comparison), indent=2, allow_nan=False))
     plot_comparison(comparison, os.path.join(out_dir, "compare.png"))
 
 

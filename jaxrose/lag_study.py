@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from jaxrose.config import ConfigError, TrainConfig, replace
+from jaxrose.run_folder import set_aside, write_atomically
 
 CORRECTIONS = ("decoupled", "vtrace", "behaviour")
 
@@ -206,11 +207,10 @@ def plot(runs: Sequence[LagRun], path: str, title: str) -> None:
 
 def write_outputs(runs: Sequence[LagRun], rows: list[dict], out_dir: str, preset: str, config: TrainConfig) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"preset": preset, "env_steps": config.num_iterations * config.env_steps_per_iteration,
-                   "updates": config.num_iterations, "backend": jax.default_backend(),
-                   "config": dataclasses.asdict(config),
-                   "runs": [dataclasses.asdict(r) for r in runs], "summary": rows}, f, indent=1)
+    write_atomically(os.path.join(out_dir, "results.json"), json.dumps(
+        {"preset": preset, "env_steps": config.num_iterations * config.env_steps_per_iteration,
+         "updates": config.num_iterations, "backend": jax.default_backend(), "config": dataclasses.asdict(config),
+         "runs": [dataclasses.asdict(r) for r in runs], "summary": rows}, indent=1))
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(render_markdown(rows, preset, config.num_iterations * config.env_steps_per_iteration))
     plot(runs, os.path.join(out_dir, "lag_study.png"), f"{preset}: return against env steps at a fixed policy lag")
@@ -247,6 +247,9 @@ def main(args: list[str]) -> None:
         config = tyro.cli(TrainConfig, default=config, args=train_args, prog="jaxrose lag-study ... --")
 
     done: list[LagRun] = []
+    # An earlier study's outputs are kept, moved aside: this one rewrites its files after every run.
+    set_aside(options.out, ("results.json", "results.md", "lag_study.png"), "--out",
+              "Give each study its own --out to keep them apart.")
 
     def progress(run: LagRun) -> None:
         print(f"lag {run.lag} {run.correction:>9s} seed {run.seed}: final {run.final_return:.1f}, "

@@ -32,7 +32,14 @@ def set_aside_earlier_run(out_dir: str, resume: Optional[str]) -> Optional[str]:
     to `out_dir/earlier-runs/<UTC time>/` with a warning, and returns that folder (None if none)."""
     if resumes_in_place(out_dir, resume):
         return None
-    present = [name for name in OUTPUTS if _holds_something(os.path.join(out_dir, name))]
+    return set_aside(out_dir, OUTPUTS, "run.out_dir", f"To continue that run instead, pass --run.resume {out_dir} "
+                     f"(and move them back); to keep runs apart, give each its own --run.out-dir.")
+
+
+def set_aside(out_dir: str, outputs, setting: str, advice: str = "") -> Optional[str]:
+    """Moves the `outputs` (names in `out_dir`) an earlier run or study left there to
+    `out_dir/earlier-runs/<UTC time>/` with a warning naming `setting`; returns that folder (None if none)."""
+    present = [name for name in outputs if _holds_something(os.path.join(out_dir, name))]
     if not present:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -41,14 +48,21 @@ def set_aside_earlier_run(out_dir: str, resume: Optional[str]) -> Optional[str]:
         n += 1
         target = os.path.join(out_dir, EARLIER_RUNS, f"{stamp}-{n}")
     os.makedirs(target)
-    for name in OUTPUTS:
+    for name in outputs:
         if os.path.lexists(os.path.join(out_dir, name)):
             os.replace(os.path.join(out_dir, name), os.path.join(target, name))
-    warnings.warn(f"run.out_dir {out_dir} held an earlier run's outputs ({', '.join(present)}); this fresh run "
-                  f"moved them to {target}. To continue that run instead, pass --run.resume {out_dir} (and move "
-                  f"them back); to keep runs apart, give each its own --run.out-dir.", EarlierRunWarning,
-                  stacklevel=3)
+    warnings.warn(f"{setting} {out_dir} held an earlier run's outputs ({', '.join(present)}); they were moved to "
+                  f"{target}, not overwritten. {advice}".rstrip(), EarlierRunWarning, stacklevel=3)
     return target
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename: a kill mid-write (a time limit's
+    SIGTERM) leaves the previous file or the new one, never half of one."""
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as f:
+        f.write(text)
+    os.replace(temporary, path)
 
 
 def drop_metrics_after(metrics_path: str, last_step: int) -> int:

@@ -81,3 +81,20 @@ def test_a_resume_with_other_shapes_names_the_setting_and_keeps_the_step(tiny_co
     with pytest.raises(CheckpointError, match=r"different env settings \(env\.num_envs: 32 saved, 64 now\)"):
         train(bigger)
     assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == steps  # nothing set aside as damaged
+
+
+def test_a_study_folder_keeps_an_earlier_studys_files_and_writes_whole_files(tmp_path):
+    """What bench, lag-study, ablate and compare call before writing: earlier outputs move aside (other
+    files stay), and each JSON file is replaced whole through a temporary file."""
+    from jaxrose.run_folder import set_aside, write_atomically
+
+    (tmp_path / "results.json").write_text('{"old": 1}')
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    with pytest.warns(EarlierRunWarning, match=r"--out .* held an earlier run's outputs \(results.json\)"):
+        moved = set_aside(str(tmp_path), ("results.json", "results.md"), "--out", "Give each its own --out.")
+    assert json.loads(open(f"{moved}/results.json").read()) == {"old": 1}
+    assert (tmp_path / "notes.txt").exists() and not (tmp_path / "results.json").exists()
+    assert set_aside(str(tmp_path), ("results.json",), "--out") is None  # nothing left to move
+    write_atomically(str(tmp_path / "results.json"), '{"new": 2}')
+    assert json.loads((tmp_path / "results.json").read_text()) == {"new": 2}
+    assert not (tmp_path / "results.json.tmp").exists()
