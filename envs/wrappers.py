@@ -151,6 +151,13 @@ class DomainRandomization(Wrapper):
         super().__init__(env)
         if not hasattr(env.unwrapped, attribute):
             raise ValueError(f"Cannot randomize {attribute!r}: {type(env.unwrapped).__name__} has no such attribute.")
+        inner = env
+        while isinstance(inner, Wrapper):  # one value per env lives in info['randomized']: two would clash
+            if isinstance(inner, DomainRandomization):
+                raise ValueError(f"Cannot randomize {attribute!r} around an env that already randomizes "
+                                 f"{inner.attribute!r}: the two would share info['randomized']. Randomize both in "
+                                 f"one wrapper (envs.randomization.randomize takes several parameters at once).")
+            inner = inner.env
         self.attribute = attribute
         self.sample = sample
         self.apply = apply

@@ -41,7 +41,8 @@ def make_evaluate(env: Env, net: ActorCritic, num_envs: int, episode_length: int
             else:
                 action, _ = net.act(params, normalizer, state.obs, sample_key)
             state = eval_env.step(state, action)
-            total = total + state.reward * active
+            # where, not a product: an episode that ended may go on to a NaN state (0 * NaN = NaN).
+            total = total + jnp.where(active > 0, state.reward, 0.0)
             length = length + active
             if has_success:
                 success = jnp.where(active > 0, state.metrics[SUCCESS_METRIC], success)

@@ -56,7 +56,9 @@ class LagRun:
         return float(np.mean(self.returns[1:]))
 
     def steps_to(self, threshold: float) -> Optional[int]:
-        return next((s for s, r in zip(self.env_steps, self.returns) if r >= threshold), None)
+        """Env steps to the first evaluation after training began at or above `threshold` (the initial
+        evaluation, before any update, does not count, as in `jaxrose bench`)."""
+        return next((s for s, r in zip(self.env_steps[1:], self.returns[1:]) if r >= threshold), None)
 
 
 def train_with_lag(config: TrainConfig, lag: int, correction: str = "decoupled", seed: Optional[int] = None,

@@ -66,6 +66,8 @@ def test_summary_by_hand():
     assert rows[0]["median_steps_to_threshold"] == 200 and rows[0]["seeds_reaching"] == 2
     assert rows[1]["median_steps_to_threshold"] == 200 and rows[1]["seeds_reaching"] == 1
     assert rows[1]["clip_fraction"] == pytest.approx(0.3)  # seeds' means 0.2 and 0.4
+    # The evaluation before training never counts as reaching a threshold (it did: 0 env steps).
+    assert _run(0, "decoupled", 0, [5.0, 4.0, 6.0]).steps_to(5.0) == 200
     table = render_markdown(rows, "toy", 200)
     assert "| 4 | vtrace | 2 | 25.0 ± 21.2 | 13.8 ± 8.8 | 0.300 | 200 (1/2) |" in table
 

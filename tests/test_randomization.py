@@ -174,3 +174,11 @@ def test_two_threads_tracing_at_once_each_see_their_own_value():
     for name in ("a", "b"):
         np.testing.assert_allclose(results[name].pipeline_state, expected.pipeline_state, rtol=1e-6)
     assert env.unwrapped.max_torque == 2.0
+
+
+def test_stacking_two_randomizations_is_refused():
+    """Both would keep their value in info['randomized']: the outer one's value reached the inner attribute
+    (found in review: a pendulum stepped with dt = 2.0, the torque drawn for the outer wrapper)."""
+    inner = DomainRandomization(envs.make("pendulum"), "max_torque", uniform_torque)
+    with pytest.raises(ValueError, match=r"already randomizes 'max_torque'.*one wrapper"):
+        DomainRandomization(EpisodeWrapper(inner, 50), "dt", lambda base, key: base)
