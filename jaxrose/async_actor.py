@@ -143,7 +143,8 @@ def run_actor(conn, config: TrainConfig, index: int, num_actors: int, delay_seco
             if precompiler is not None and precompiling and not reported[1]:  # the learner resizes only to these
                 # All done (failed compiles included): the manager measures only after it (its threads take
                 # the CPU, and the actor idled between rollouts, while they ran).
-                progress = (len(precompiler.compiled), precompiler.wait(0))
+                finished = precompiler.wait(0)  # read first: a compile ending between the reads is then counted
+                progress = (len(precompiler.compiled), finished)
                 if progress != reported:
                     conn.send(("precompiled", index, list(precompiler.compiled)[:progress[0]], progress[1]))
                     reported = progress

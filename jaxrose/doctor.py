@@ -42,15 +42,22 @@ def report() -> dict:
 
     from jaxrose.mps import unavailable_reason
 
-    devices = jax.devices()
+    gpus = _gpus()  # first: NVML answers even where JAX cannot start its GPU backend
+    try:
+        backend = jax.default_backend()
+        devices = [{"kind": d.device_kind, "platform": d.platform, "sm_count": getattr(d, "core_count", None)}
+                   for d in jax.devices()]
+    except Exception as error:  # noqa: BLE001 - reported, with what to check
+        backend = None
+        devices = {"error": f"{type(error).__name__}: {error}".strip(),
+                   "check": "JAX_PLATFORMS, the jax[cuda13] install and the NVIDIA driver (nvml_gpus below)"}
     return {
         "python": platform.python_version(),
         "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "brax", "mujoco", "mujoco-mjx",
                                               "orbax-checkpoint", "nvidia-ml-py")},
-        "jax_backend": jax.default_backend(),
-        "jax_devices": [{"kind": d.device_kind, "platform": d.platform, "sm_count": getattr(d, "core_count", None)}
-                        for d in devices],
-        "nvml_gpus": _gpus(),
+        "jax_backend": backend,
+        "jax_devices": devices,
+        "nvml_gpus": gpus,
         "mps": unavailable_reason() or "available (private daemon per run)",
     }
 

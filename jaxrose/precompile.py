@@ -48,12 +48,16 @@ class Precompiler:
         self._jobs: queue.Queue = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
+        self._pending = 0  # submitted and not finished: idle exactly at zero (an empty queue can hide a job
+        self._lock = threading.Lock()  # taken off it but still compiling, or one put just after the check)
         self._thread = threading.Thread(target=self._work, name=f"precompile-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, label: str, compile_fn: Callable[[], object]) -> None:
         """Runs `compile_fn` (e.g. `lambda: jitted.lower(*abstract_args).compile()`) in the thread."""
-        self._idle.clear()
+        with self._lock:
+            self._pending += 1
+            self._idle.clear()
         self._jobs.put((label, compile_fn))
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -65,7 +69,9 @@ class Precompiler:
         the thread inside XLA's compiler aborts ("terminate called ... FATAL: exception not rethrown")."""
         while True:
             try:
-                self._jobs.get_nowait()
+                if self._jobs.get_nowait() is not None:
+                    with self._lock:
+                        self._pending -= 1
             except queue.Empty:
                 break
         self._jobs.put(None)
@@ -86,5 +92,7 @@ class Precompiler:
             except Exception as error:  # noqa: BLE001 -- the real call compiles instead
                 warnings.warn(f"{self.name}: compiling {label} ahead failed ({type(error).__name__}: {error}); "
                               f"it compiles on first use instead.", RuntimeWarning, stacklevel=1)
-            if self._jobs.empty():
-                self._idle.set()
+            with self._lock:
+                self._pending -= 1
+                if self._pending == 0:
+                    self._idle.set()

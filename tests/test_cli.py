@@ -64,6 +64,20 @@ def test_doctor_reports_this_machine(capsys):
     assert report["nvml_gpus"] == [] or "error" in report["nvml_gpus"][0]
 
 
+def test_doctor_reports_a_gpu_backend_that_cannot_start_instead_of_crashing():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cuda"}  # no CUDA here: the backend cannot start
+    done = subprocess.run([sys.executable, "-c", "from jaxrose.cli import main; main(['doctor'])"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["jax_backend"] is None and "error" in report["jax_devices"]
+    assert "JAX_PLATFORMS" in report["jax_devices"]["check"] and report["versions"]["jax"]
+
+
 def test_lost_gpu_context_anywhere_is_a_one_line_error(monkeypatch, capsys):
     import jax
 

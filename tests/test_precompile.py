@@ -67,6 +67,26 @@ def test_a_failed_compile_ahead_only_warns():
     assert precompiler.compiled == []
 
 
+def test_idle_only_when_every_submitted_job_finished():
+    """`wait(0)` is the actor's 'all compiled' report: never true while a job is still compiling or queued."""
+    import threading
+
+    precompiler = Precompiler("test")
+    release = threading.Event()
+    try:
+        precompiler.submit("slow", release.wait)
+        precompiler.submit("quick", lambda: None)
+        assert not precompiler.wait(0.2)  # the first still compiling, the second queued
+        release.set()
+        assert precompiler.wait(10)
+        assert [label for label, _ in precompiler.compiled] == ["slow", "quick"]
+        precompiler.submit("again", lambda: None)
+        assert precompiler.wait(10) and len(precompiler.compiled) == 3
+    finally:
+        release.set()
+        precompiler.close()
+
+
 def _managed(tiny_config):
     resources = ResourceConfig(manager="on", group_levels=(1, 2), grow_keeps="minibatch_size")
     return replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.resources": resources})
