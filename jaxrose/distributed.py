@@ -18,6 +18,7 @@ every group's key is distinct and the same as in a single-process run of the sam
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional
 
@@ -75,8 +76,9 @@ def initialize(run: RunConfig) -> bool:
     pinned = pin_gpu(run, several=arguments is not None)
     if arguments is None:
         return False
-    if pinned is not None:  # its one visible GPU is device 0 (a cluster's detection would name the rank's index)
-        arguments["local_device_ids"] = [0]
+    # Named here, always: left unset, JAX's cluster detection (SLURM, Open MPI) names the local rank's index,
+    # which does not exist where the launcher or `pin_gpu` left one GPU visible, and cuts run.devices to one.
+    arguments["local_device_ids"] = local_device_ids(run, pinned is not None or _visible_gpus() == 1)
     platforms = os.environ.get("JAX_PLATFORMS", "") or str(jax.config.jax_platforms or "")
     if platforms in ("", "None") or platforms.startswith("cpu"):
         # CPU devices of different processes reduce through gloo; the default ("none") cannot. It
@@ -90,6 +92,20 @@ def initialize(run: RunConfig) -> bool:
                               "jaxrose.distributed.initialize(config.run) (or train) before using JAX.") from error
         raise
     return True
+
+
+def _visible_gpus() -> Optional[int]:
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip() != ""]
+    return len(visible) if visible else None
+
+
+def local_device_ids(run: RunConfig, one_visible: bool) -> list[int]:
+    """The local devices this process of several uses: its one visible GPU (device 0), else its
+    `run.devices` GPUs counted from its local rank (rank r: r * devices, ..., (r + 1) * devices - 1)."""
+    if one_visible:
+        return [0]
+    rank = local_gpu(dataclasses.replace(run, local_gpu=None), several=True) or 0
+    return list(range(rank * run.devices, (rank + 1) * run.devices))
 
 
 def local_gpu(run: RunConfig, several: bool) -> Optional[int]:

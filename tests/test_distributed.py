@@ -243,3 +243,18 @@ def test_over_several_processes_a_helper_gets_whole_values_and_no_rollout_is_spr
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     with pytest.raises(PlanError, match="spreads the rollout over group processes runs on one process"):
         executor_for(tiny_config, spread)
+
+
+def test_each_process_names_its_local_devices(monkeypatch):
+    """Passed to jax.distributed always: left unset, JAX's SLURM / Open MPI detection named the local rank's
+    index, which does not exist where one GPU is visible per task, and cut run.devices=2 to one GPU."""
+    from jaxrose.config import RunConfig
+    from jaxrose.distributed import LOCAL_RANK_VARS, local_device_ids
+
+    for variable in LOCAL_RANK_VARS:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert local_device_ids(RunConfig(), one_visible=True) == [0]  # the launcher's (or pin_gpu's) one GPU
+    assert local_device_ids(RunConfig(devices=2), one_visible=False) == [2, 3]  # rank 1 of 2 per host
+    monkeypatch.delenv("SLURM_LOCALID")
+    assert local_device_ids(RunConfig(devices=2), one_visible=False) == [0, 1]  # one process per host
