@@ -15,10 +15,11 @@ logged, and `mean()` returns None, so a benchmark runs unchanged on a CPU machin
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import threading
 import time
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,19 @@ class Sample(NamedTuple):
 CLOCK_LIMITS = {0x1: "idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
                 0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
                 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
+
+
+def nvml_device(device_index: int, visible: Optional[str]) -> Union[int, str]:
+    """NVML's name for this process's CUDA device `device_index`: NVML counts every GPU of the host,
+    CUDA only those in CUDA_VISIBLE_DEVICES (a process pinned to GPU 3 calls it device 0). Returns an
+    NVML index, or a UUID where the variable lists UUIDs."""
+    entries = [v.strip() for v in (visible or "").split(",") if v.strip() != ""]
+    if not entries:
+        return device_index
+    if device_index >= len(entries):
+        raise ValueError(f"CUDA device {device_index} is not among CUDA_VISIBLE_DEVICES={visible}.")
+    entry = entries[device_index]
+    return int(entry) if entry.isdigit() else entry
 
 
 class GpuActivitySampler:
@@ -143,7 +157,9 @@ class GpuActivitySampler:
             return f"NVML could not be initialised ({_describe(e)}): no NVIDIA GPU or driver on this machine."
         self._nvml = pynvml
         try:
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            where = nvml_device(self.device_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            self._handle = (pynvml.nvmlDeviceGetHandleByUUID(where) if isinstance(where, str)
+                            else pynvml.nvmlDeviceGetHandleByIndex(where))
             supported = pynvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice
         except Exception as e:
             self.stop()

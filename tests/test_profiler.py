@@ -165,3 +165,14 @@ def test_the_bench_plot_draws_the_sm_clock_where_it_was_sampled(tmp_path):
     without = plot_results(results, str(tmp_path / "without.png"))
     assert os.path.getsize(with_clock) > 0 and os.path.getsize(without) > 0
     assert open(with_clock, "rb").read() != open(without, "rb").read()
+
+
+def test_the_sampled_gpu_is_the_one_this_process_uses():
+    """NVML counts the host's GPUs, CUDA the visible ones: a process pinned to GPU 3 samples GPU 3."""
+    from jaxrose.profiler import nvml_device
+
+    assert nvml_device(0, None) == 0 and nvml_device(1, "") == 1  # nothing pinned: the same index
+    assert nvml_device(0, "3") == 3 and nvml_device(1, "2,5") == 5
+    assert nvml_device(0, "GPU-8c1e0b5a-1111-2222-3333-444455556666") == "GPU-8c1e0b5a-1111-2222-3333-444455556666"
+    with pytest.raises(ValueError, match="CUDA device 1 is not among CUDA_VISIBLE_DEVICES=3"):
+        nvml_device(1, "3")
