@@ -54,6 +54,9 @@ DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "tuned")
 # -- settings -------------------------------------------------------------------------------------
 
 
+CHILD_TIMEOUT = 3600.0  # seconds: a system in its own process that runs longer is stopped (--child-timeout)
+
+
 def _setting(default, help: str, parse: Callable = str):
     return dataclasses.field(default=default, metadata={"help": help, "parse": parse})
 
@@ -110,6 +113,9 @@ class BenchConfig:
             "steps as the others (FACTOR x (num_evals - 1) must be whole), so that a system which learns less per env "
             "step but runs faster still gets a time to the return threshold (e.g. async=1.6)", _comma_list)
     repeats: int = _setting(10, "timed repeats of the simulation-only ceiling and of the learner update", int)
+    child_timeout: float = _setting(CHILD_TIMEOUT, "seconds a system run in its own process (overlapped, spread, "
+                                                   "tuned, async) may take before it is stopped and recorded as "
+                                                   "failed", float)
     out: Optional[str] = _setting(None, "output folder (default: bench_results/<preset>)")
     train_args: tuple[str, ...] = _setting((), "`jaxrose train` settings applied to the preset for every system, "
                                                "given after `--` (e.g. -- --run.actors 1 --env.num-envs 1024)")
@@ -122,6 +128,8 @@ class BenchConfig:
         if unknown or not self.systems:
             raise ConfigError(f"--systems must be a non-empty comma list from {','.join(SYSTEMS)}; "
                               f"got {','.join(self.systems) or 'nothing'} (unknown: {','.join(unknown)}).")
+        if self.child_timeout <= 0:
+            raise ConfigError(f"--child-timeout must be a positive number of seconds, got {self.child_timeout}.")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be >= 1, got {self.repeats}.")
         if self.tune_max_candidates < 0:
@@ -387,16 +395,16 @@ class _ClockOnlySampler:
         return None
 
 
-def run_overlapped(config, sampler) -> dict:
+def run_overlapped(config, sampler, timeout: float = CHILD_TIMEOUT) -> dict:
     """The sequential executor with evaluation in a separate process (under MPS on a GPU), run in a
     fresh Python process: the trainer must join MPS before it initialises its GPU, which this
     bench process has already done."""
     from jaxrose.config import replace
 
-    return _run_in_child("_overlapped_child", replace(config, **{"run.eval_mode": "process"}), sampler)
+    return _run_in_child("_overlapped_child", replace(config, **{"run.eval_mode": "process"}), sampler, timeout=timeout)
 
 
-def run_spread(config, sampler, processes: int) -> dict:
+def run_spread(config, sampler, processes: int, timeout: float = CHILD_TIMEOUT) -> dict:
     """The hand-chosen multi-process plan: the rollout spread over `processes` group processes (one
     env group each, concurrent under MPS), the learner in the trainer, evaluation in its own process."""
     import tempfile
@@ -414,13 +422,13 @@ def run_spread(config, sampler, processes: int) -> dict:
         path = os.path.join(tmp, "plan.json")
         plan.save(path)
         summary = _run_in_child("_overlapped_child", replace(config, **{"run.eval_mode": "process", "run.plan": path}),
-                                sampler)
+                                sampler, timeout=timeout)
     summary["plan"] = str(plan)
     return summary
 
 
 def run_tuned(config, sampler, tune_iterations: int, groups: bool = True, plan_path: Optional[str] = None,
-              max_candidates: int = 4, place_evaluation: bool = True) -> dict:
+              max_candidates: int = 4, place_evaluation: bool = True, timeout: float = CHILD_TIMEOUT) -> dict:
     """`jaxrose tune` with every switch on, then training with the plan it kept, evaluation where that plan
     puts it (tune tries it in its own process and keeps that only if it measures faster), all in one fresh
     process (it joins MPS before its GPU starts). The summary carries the tuning time and every candidate
@@ -429,7 +437,7 @@ def run_tuned(config, sampler, tune_iterations: int, groups: bool = True, plan_p
     measured per round; `place_evaluation` false keeps the evaluation inline without trying it."""
     return _run_in_child("_tuned_child", config, sampler,
                          extra=(tune_iterations, groups, plan_path and os.path.abspath(plan_path), max_candidates,
-                                place_evaluation))
+                                place_evaluation), timeout=timeout)
 
 
 def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, groups: bool,
@@ -465,7 +473,7 @@ def _tuned_child(config_path: str, summary_path: str, tune_iterations: int, grou
         json.dump(jsonable(summary), f)
 
 
-def run_async(config, sampler, group_levels: tuple[int, ...] = ()) -> dict:
+def run_async(config, sampler, group_levels: tuple[int, ...] = (), timeout: float = CHILD_TIMEOUT) -> dict:
     """The asynchronous mode (actor processes, evaluation in its own process), in a fresh process.
     A preset laid out as fewer groups than actors is regrouped as one group per actor. With
     `group_levels`, its resource manager runs and may move each actor's batch among those sizes."""
@@ -476,7 +484,7 @@ def run_async(config, sampler, group_levels: tuple[int, ...] = ()) -> dict:
         changes["env.num_groups"] = config.run.actors
     if group_levels:
         changes.update({"run.resources.manager": "on", "run.resources.group_levels": tuple(group_levels)})
-    return _run_in_child("_async_child", replace(config, **changes), sampler)
+    return _run_in_child("_async_child", replace(config, **changes), sampler, timeout=timeout)
 
 
 def share_gpu_memory_with_children(systems: tuple[str, ...]) -> bool:
@@ -493,7 +501,7 @@ def share_gpu_memory_with_children(systems: tuple[str, ...]) -> bool:
     return True
 
 
-def _run_in_child(child: str, config, sampler, extra: tuple = ()) -> dict:
+def _run_in_child(child: str, config, sampler, extra: tuple = (), timeout: float = CHILD_TIMEOUT) -> dict:
     import pickle
     import tempfile
 
@@ -505,7 +513,14 @@ def _run_in_child(child: str, config, sampler, extra: tuple = ()) -> dict:
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         arguments = ", ".join(repr(a) for a in (config_path, summary_path, *extra))
         code = f"from jaxrose.bench import {child}; {child}({arguments})"
-        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=3600)
+        try:
+            subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the system's process ran past --child-timeout ({timeout:.0f} s) and was stopped; "
+                               f"raise --child-timeout or lower --total-env-steps") from None
+        except subprocess.CalledProcessError as error:
+            raise RuntimeError(f"the system's process failed (exit code {error.returncode}); its own error is "
+                               f"printed above") from None
         with open(summary_path) as f:
             summary = json.load(f)
     summary["sm"] = sampler.mean(*summary["window"])
@@ -896,15 +911,15 @@ def run_bench(bench: BenchConfig, command: Optional[str] = None) -> dict:
                     elif name == "sim":
                         systems[name] = run_sim_ceiling(own, bench.repeats, sampler)
                     elif name == "overlapped":
-                        systems[name] = run_overlapped(own, sampler)
+                        systems[name] = run_overlapped(own, sampler, bench.child_timeout)
                     elif name == "spread":
-                        systems[name] = run_spread(own, sampler, bench.spread_processes)
+                        systems[name] = run_spread(own, sampler, bench.spread_processes, bench.child_timeout)
                     elif name == "tuned":
                         systems[name] = run_tuned(own, sampler, bench.tune_iterations, bench.tune_groups,
                                                   bench.tuned_plan, bench.tune_max_candidates,
-                                                  bench.tune_evaluation_placement)
+                                                  bench.tune_evaluation_placement, bench.child_timeout)
                     elif name == "async":
-                        systems[name] = run_async(own, sampler, bench.async_group_levels)
+                        systems[name] = run_async(own, sampler, bench.async_group_levels, bench.child_timeout)
                     else:
                         systems[name], train_result = run_sequential(own, sampler, live)
                 except Exception as e:  # one failed system must not lose the others' measurements

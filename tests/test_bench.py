@@ -780,3 +780,12 @@ def test_a_scaled_system_evaluates_at_the_others_env_steps_and_past_them(tmp_pat
     assert results["budgets"] == {scaled: {"total_env_steps": 40960, "num_evals": 5, "scale": 2.0}}
     assert "2x the budget (--budget-scales), 40,960 env steps, 5 evaluations" in (tmp_path / "results.md").read_text()
     assert f"--budget-scales {scaled}=2" in results["meta"]["command"]
+
+
+def test_a_system_past_its_child_timeout_is_recorded_with_the_fix(tmp_path):
+    with pytest.raises(SystemExit):  # no system measured: the bench exits non-zero, its outputs written
+        main(["--preset", "point-mass", "--total-env-steps", "20480", "--num-evals", "3", "--systems", "async",
+              "--child-timeout", "1", "--repeats", "1", "--out", str(tmp_path)])
+    system = json.loads((tmp_path / "results.json").read_text())["systems"]["async"]
+    assert system["status"] == "error"
+    assert "ran past --child-timeout (1 s)" in system["reason"] and "raise --child-timeout" in system["reason"]
