@@ -155,8 +155,8 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
                                         float(np.mean(decision["after"]))})
         emit(consumed0 + result.env_steps, {"perf/rollout_sps": result.rollout_sps,
                                 "perf/updates_per_second": result.updates_per_second,
-                                "train/policy_lag_mean": float(np.mean(result.lags)),
-                                "perf/queue_depth_mean": float(np.mean(result.queue_depths))})
+                                "train/policy_lag_mean": _mean(result.lags),
+                                "perf/queue_depth_mean": _mean(result.queue_depths)})
     finally:
         # Every step runs whatever another raised; the first error surfaces unless one is already on its way.
         problems = []
@@ -181,3 +181,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
     out.skipped_iterations = nonfinite.skipped
     out.iteration_env_steps = update_env_steps
     return out
+
+
+def _mean(values) -> float:
+    return float(np.mean(values)) if len(values) else float("nan")  # no update made (a finished run resumed)
