@@ -90,5 +90,6 @@ def _step(line: str) -> Optional[int]:
 
 def _holds_something(path: str) -> bool:
     if os.path.isdir(path):
-        return any(os.scandir(path))
+        with os.scandir(path) as entries:
+            return any(True for _ in entries)
     return os.path.exists(path) and os.path.getsize(path) > 0

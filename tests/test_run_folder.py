@@ -36,7 +36,7 @@ def test_a_second_fresh_run_sets_the_first_aside(tiny_config, tmp_path):
     folder = tmp_path / "run"
     config = replace(tiny_config, **{"run.out_dir": str(folder), "run.num_evals": 2})
     first = train(config)
-    with pytest.warns(EarlierRunWarning, match="moved them to .*earlier-runs"):
+    with pytest.warns(EarlierRunWarning, match="were moved to .*earlier-runs"):
         second = train(replace(config, **{"run.seed": 1}))  # before the fix: orbax refused step 2 again
     (earlier,) = (folder / "earlier-runs").iterdir()
     for run_folder in (folder, earlier):  # one run's records each: one compile, 4 iterations
