@@ -609,7 +609,9 @@ class AsyncTrainer:
                 waited = self._gather(lambda: all(r.arrived for _, r in take), timeout)
             else:
                 waited = self._gather(lambda: any(r.arrived for rs in self._rollouts for r in rs), timeout)
-                take, _ = self._choose(version)
+                take, urgent = self._choose(version)
+                if urgent:  # the trajectory that arrived takes several updates: one that cannot wait goes first
+                    waited += self._gather(lambda: all(r.arrived for _, r in take), timeout)
             taken_at = time.perf_counter()
             take.sort(key=lambda pair: (pair[0], pair[1].seq))
             for i, rollout in take:
