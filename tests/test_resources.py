@@ -89,7 +89,12 @@ def test_settings_are_validated():
 
 def _thread_cores(pid):
     """The cores every thread of `pid` may run on (one set if they all agree)."""
-    masks = {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+    masks = set()
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        try:
+            masks.add(frozenset(os.sched_getaffinity(int(thread))))
+        except ProcessLookupError:  # the thread ended since the listing
+            pass
     return set(next(iter(masks))) if len(masks) == 1 else masks
 
 
