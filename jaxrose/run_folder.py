@@ -74,10 +74,7 @@ def drop_metrics_after(metrics_path: str, last_step: int) -> int:
         lines = f.readlines()
     kept = [line for line in lines if (step := _step(line)) is not None and step <= last_step]
     if len(kept) != len(lines):
-        temporary = f"{metrics_path}.tmp"
-        with open(temporary, "w") as f:
-            f.writelines(kept)
-        os.replace(temporary, metrics_path)  # atomic: a crash here leaves the old file whole
+        write_atomically(metrics_path, "".join(kept))  # a crash here leaves the old file whole
     return len(lines) - len(kept)
 
 
