@@ -4,6 +4,8 @@
 # (bench results also record a digest of the sources that ran: `python -m jaxrose.provenance REV` gives a commit's)
 # One stage per device call: a call brings back at most 8 files from $OUT.
 #   mps     MPS attachment per quota and transport costs (~1 min)
+#   paths   the GPU paths CPU tests only model: CUDA IPC per leaf dtype (bfloat16 included), the NVML device the
+#           sampler opens per CUDA_VISIBLE_DEVICES form, jax.distributed's local devices (scripts/gpu_paths_check.py, ~1-2 min)
 #   ant     ant-mlp, brax's full 50M-step schedule: brax, sim ceiling, sequential (~6 min)
 #   ovl     ant-mlp, 50M steps, evaluation overlapped in an MPS process (~3 min)
 #   ovl-prio  ant-mlp 10M, the overlapped system with its evaluator at normal and at below-normal priority (~5 min)
@@ -99,6 +101,8 @@ start_bg() {  # NAME ARGS...: `jaxrose ARGS...` detached
   local name=$1; shift; detach "$name" python3 -m jaxrose.cli "$@"
 }
 case "${1:?stage}" in
+  paths) timeout 400 python3 scripts/gpu_paths_check.py > "$out/paths.json" 2> "$out/paths.log"; echo "exit $?"
+         cat "$out/paths.json"; grep -iv "warn" "$out/paths.log" | tail -5 ;;
   mps) timeout 200 python3 scripts/gpu_mps_check.py > "$out/mps.json" 2> "$out/mps.log"; cat "$out/mps.json" ;;
   ant) timeout 570 python3 -m jaxrose.cli bench --preset ant-mlp --systems brax,sim,sequential --repeats 5 \
          --out "$out/ant" --record "$out/BENCH_ant.md" > "$out/ant.log" 2>&1; grep "\[bench\]" "$out/ant.log" ;;
