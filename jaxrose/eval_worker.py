@@ -16,7 +16,11 @@ from typing import Optional
 import jax
 
 from jaxrose.config import TrainConfig
-from jaxrose.workers import Inbox, Worker
+from jaxrose.workers import Inbox, Worker, WorkerError
+
+# How long a run stopping on a signal waits for the evaluations in flight, after its checkpoint is on disk:
+# inside the usual grace period between a scheduler's SIGTERM and its SIGKILL (30 s for SLURM and Kubernetes).
+STOP_DRAIN_SECONDS = 20.0
 
 
 def _serve(conn, config: TrainConfig, env=None) -> None:
@@ -80,6 +84,19 @@ class ProcessEvaluator:
 
     def drain(self) -> list[tuple[int, dict]]:
         return [self._receive(self.timeout) for _ in range(len(self.outstanding))]
+
+    def drain_within(self, seconds: float) -> list[tuple[int, dict]]:
+        """The outstanding results that arrive within `seconds`, never raising: a run stopping on a signal
+        records its evaluations in flight without outstaying a scheduler's grace period. What has not
+        arrived by then (or comes from a dead worker) stays in `outstanding`."""
+        deadline = time.monotonic() + seconds
+        results = []
+        while self.outstanding and (left := deadline - time.monotonic()) > 0:
+            try:
+                results.append(self._receive(left))
+            except WorkerError:
+                break
+        return results
 
     def close(self) -> None:
         self.worker.stop()

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import Iterable, Mapping, Optional
 
 import jax
@@ -25,7 +26,7 @@ from jaxrose.async_checkpoint import BackgroundSaver
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import SEVERAL_PROCESSES, ConfigError, PPOConfig, RunConfig, TrainConfig
 from jaxrose.config import replace as replace_config
-from jaxrose.eval_worker import ProcessEvaluator
+from jaxrose.eval_worker import STOP_DRAIN_SECONDS, ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
 from jaxrose.mps import prepare_clients
 from jaxrose.nonfinite import NonFiniteError, NonFiniteGuard
@@ -289,6 +290,17 @@ class _TrainingLoop:
                 if "metrics" in outputs:
                     self.emit(iteration + 1, _scalars(outputs["metrics"]))
 
+    def record_evaluations_in_flight(self) -> None:
+        """On a stop signal, after the checkpoint: the evaluation process's results for parameters already
+        sent, waited for a bounded time (a resumed run starts after them and never redoes them)."""
+        if self.remote is None:
+            return
+        for iteration, result in self.remote.drain_within(STOP_DRAIN_SECONDS):
+            self.record_evaluation(iteration, result)
+        if self.remote.outstanding:
+            warnings.warn(f"Stopping: the evaluation of iteration(s) {sorted(self.remote.outstanding)} did not "
+                          f"finish within {STOP_DRAIN_SECONDS:.0f} s and is missing from the metrics.", stacklevel=2)
+
     def save(self, iteration: int, state: RunState, wait: bool = False) -> None:
         if self.checkpointer is None:
             return
@@ -357,6 +369,7 @@ class _TrainingLoop:
                 if termination.requested:
                     if saved_at != iteration:
                         self.save(iteration, state)
+                    self.record_evaluations_in_flight()
                     raise TerminatedError(f"{termination.requested} received; checkpoint of iteration {iteration} "
                                           f"saved in {self.out_dir}, resume with --run.resume.",
                                           130 if termination.requested == "SIGINT" else 143)

@@ -96,3 +96,41 @@ def test_signal_saves_a_checkpoint_and_exits(tmp_path, mode, signal_name, exit_c
     from jaxrose import manifest
 
     assert manifest.verify(str(out / "checkpoints" / str(max(steps)))) is None
+
+
+class StopAtStep:
+    """A metrics sink that sends this process SIGTERM when the run logs `key` at env step `step`: the
+    signal lands right before the evaluation of that step is handed to the evaluation process."""
+
+    def __init__(self, step: int, key: str):
+        self.step, self.key, self.sent = step, key, False
+
+    def __call__(self, step, metrics):
+        if not self.sent and step >= self.step and self.key in metrics:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_stop_signal_records_the_evaluation_in_flight(tiny_config, tmp_path, mode):
+    """The checkpoint is of the evaluation's step, so a resumed run starts past it and would never redo it:
+    the stopping run waits (bounded) for the evaluation process's result and logs it."""
+    import json
+
+    from jaxrose.train import TerminatedError
+
+    settings = {"run.out_dir": str(tmp_path), "run.total_env_steps": 512 * 40, "run.num_evals": 11,
+                "run.eval_mode": "process"}
+    if mode == "async":
+        settings.update({"run.mode": "async", "run.actors": 2, "run.max_policy_lag": 1})
+    config = replace(tiny_config, **settings)
+    eval_step = config.iterations_per_eval * config.env_steps_per_iteration * 2  # the second period
+    stop = StopAtStep(eval_step, "perf/sps" if mode == "sync" else "train/policy_lag_max")
+    with pytest.raises(TerminatedError, match="SIGTERM received; checkpoint of"):
+        train(config, callbacks=[stop])
+    assert stop.sent
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluated = sorted(r["step"] for r in records if "eval/episode_return" in r)
+    assert evaluated == [0, eval_step // 2, eval_step], evaluated
+    checkpoints = [int(p) for p in os.listdir(tmp_path / "checkpoints") if p.isdigit()]
+    assert checkpoints  # the state of (or, async, just past) the evaluated step, saved before the wait
