@@ -235,6 +235,10 @@ def main() -> None:
     quotas = [int(q) for q in options.get("quotas", "100,50,25").split(",")]
     window = float(options.get("window", 3))
 
+    # This process (the actor) must not preallocate 75% of the GPU as JAX does by default: the learner process
+    # beside it then had 25%, too little for pusher-transformer's step (OOM on a 16.9 GiB buffer, H100, session 45).
+    # The async trainer runs its processes so too (bench.py, mps.prepare_clients).
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from jaxrose.mps import prepare_clients
 
     names = {q: f"learner_q{q}" for q in quotas}
