@@ -25,6 +25,7 @@ import tempfile
 import time
 
 from gpu_output import write_out  # scripts/ is on the path when a script runs
+from gpu_overlap_probe import window_rate
 
 
 def learner_loop(preset: str, stop_file: str, report_file: str) -> None:
@@ -42,31 +43,38 @@ def learner_loop(preset: str, stop_file: str, report_file: str) -> None:
     update = jax.jit(executor.learner.update)
     jax.block_until_ready(update(learner, batch))
     open(report_file + ".ready", "w").close()
-    count, start = 0, time.perf_counter()
+    count, start, completions = 0, time.perf_counter(), []
     while not os.path.exists(stop_file):
         jax.block_until_ready(update(learner, batch))
         count += 1
+        completions.append(time.monotonic())  # one clock for every process of the machine
+    # updates / seconds: the whole loop, from its ready mark to the stop (the actor's compile and warm-up
+    # included); the rate beside the actor's timed rollouts alone is the parent's `learner_rate_beside`
     with open(report_file, "w") as f:
-        json.dump({"updates": count, "seconds": time.perf_counter() - start,
+        json.dump({"updates": count, "seconds": time.perf_counter() - start, "completions": completions,
                    "core_count": getattr(jax.devices()[0], "core_count", None)}, f)
 
 
-def timed(fn, args, repeats: int) -> dict:
+def timed(fn, args, repeats: int, min_seconds: float = 0.0) -> dict:
+    """`repeats` timed calls after a compile and a warm-up call, more until they span `min_seconds` (a window
+    long enough to hold several of a learner's updates beside them)."""
     import jax
 
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_seconds = time.perf_counter() - start
     jax.block_until_ready(compiled(*args))
-    seconds = []
-    for _ in range(repeats):
+    seconds, window_start = [], time.monotonic()
+    while len(seconds) < repeats or time.monotonic() - window_start < min_seconds:
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         seconds.append(time.perf_counter() - start)
-    return {"median_seconds": statistics.median(seconds), "seconds": seconds, "compile_seconds": compile_seconds}
+    return {"median_seconds": statistics.median(seconds), "seconds": seconds, "compile_seconds": compile_seconds,
+            "window": [window_start, time.monotonic()]}  # the timed repeats, on time.monotonic
 
 
 def main() -> None:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the learner process beside it needs memory too
     from jaxrose.mps import prepare_clients
 
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -157,12 +165,15 @@ def main() -> None:
         deadline = time.time() + 240
         while not os.path.exists(report + ".ready") and child.poll() is None and time.time() < deadline:
             time.sleep(0.2)
-        measured = timed(actor_collect, full, repeats)
+        measured = timed(actor_collect, full, repeats, min_seconds=3.0)
         open(stop, "w").close()
         child.wait(timeout=60)
         learner_report = json.load(open(report)) if os.path.exists(report) else None
-        result["beside_learner"][priority] = {**measured, "learner": learner_report}
-        print(priority, f"{measured['median_seconds']:.4f}", learner_report, file=sys.stderr, flush=True)
+        # The learner's updates per second while the actor's timed rollouts ran, not over its whole loop
+        rate = window_rate(learner_report["completions"], *measured["window"]) if learner_report else None
+        result["beside_learner"][priority] = {**measured, "learner_rate_beside": rate, "learner": learner_report}
+        print(priority, f"{measured['median_seconds']:.4f}", "learner updates/s beside:", rate,
+              file=sys.stderr, flush=True)
     print(json.dumps(result))
     write_out(result)
 
