@@ -422,6 +422,18 @@ def _tune_quotas(config, measure: Measure, plan: Plan, seconds: float, noise: fl
     if reason is not None:  # a quota would be an unread variable: its "measurement" would be noise
         trials.append(Trial("SM quotas", 0.0, None, False, f"skipped: {reason}"))
         return plan, seconds
+    # Group processes doing equal shares of the rollout are each on the critical path: capping one alone only
+    # slows the iteration, while equal caps on all of them can split the SMs without idle ones. Tried first.
+    groups = [p for p in (plan.spread_chunk.group_processes if plan.spread_chunk else ()) if p != MAIN]
+    if len(groups) >= 2:
+        for quota in sorted({q for q in (100 // len(groups), 50, 25) if q < 100}, reverse=True):
+            candidate = plan
+            for group in groups:
+                candidate = with_quota(candidate, group, quota)
+            kept, measured = _judge(measure, candidate, f"quota {quota}% for each of {', '.join(groups)}", 0.0,
+                                    seconds, noise, trials)
+            if kept:
+                plan, seconds = candidate, measured
     # A helper with slack gives SMs up: try a few caps, largest first, keep what measures faster.
     for helper in helpers:
         for quota in (50, 25, 10):

@@ -223,3 +223,38 @@ def test_a_plan_that_evaluates_in_a_process_trains_there_with_the_same_results(t
         seconds = measure_with_evaluation(tiny_config, plan, periods=1)
         wall = time.perf_counter() - start
         assert 0 < seconds * tiny_config.iterations_per_eval < wall
+
+
+class FakeQuotaMeasure:
+    """A fake (named as such) of the end-to-end measure, modelling a GPU shared by two group processes of
+    equal work: uncapped they contend (1.00 s per iteration); capped equally they split the SMs (0.80 s at 50%
+    each, 0.90 s at 25%); one capped alone, or unequally, sets the pace as the slower of two equal shares."""
+
+    SECONDS = {(): 1.00, (50,): 1.20, (25,): 1.30, (10,): 1.50, (50, 50): 0.80, (25, 25): 0.90,
+               (25, 50): 1.00, (10, 50): 1.10, (10, 25): 1.20, (10, 10): 1.40}
+
+    def __init__(self):
+        self.asked = []
+
+    def __call__(self, plan):
+        caps = tuple(sorted(q for p, q in plan.quotas if p.startswith("group") and q is not None))
+        self.asked.append(caps)
+        return self.SECONDS[caps]
+
+
+def test_equal_caps_on_the_group_processes_are_tried_before_each_alone(tiny_config, monkeypatch):
+    """Capping one of two equal group processes alone only slows the iteration; equal caps are tried too."""
+    from jaxrose.plan import sequential_plan, spread_rollout
+    from jaxrose.tune import _tune_quotas
+
+    monkeypatch.setattr("jaxrose.tune.clients_unavailable_reason", lambda use_mps: None)  # as under MPS
+    program = SequentialExecutor(tiny_config).program
+    plan = spread_rollout(sequential_plan(program), program, build_graph(program, ITERATION_INPUTS),
+                          ("group0", "group1"), tiny_config.env.num_envs)
+    measure, trials = FakeQuotaMeasure(), []
+    chosen, seconds = _tune_quotas(tiny_config, measure, plan, 1.00, 0.02, Switches(), trials)
+    assert trials[0].description == "quota 50% for each of group0, group1" and trials[0].kept
+    assert trials[1].description == "quota 25% for each of group0, group1" and not trials[1].kept
+    assert not any(t.kept for t in trials[2:])  # no single cap beats the equal split afterwards
+    assert {p: q for p, q in chosen.quotas if q is not None} == {"group0": 50, "group1": 50} and seconds == 0.80
+    assert measure.asked[:2] == [(50, 50), (25, 25)]
