@@ -78,6 +78,22 @@ def drop_metrics_after(metrics_path: str, last_step: int) -> int:
     return len(lines) - len(kept)
 
 
+def evaluated_steps(metrics_path: str) -> set[int]:
+    """The env steps at which a run's metrics file logged an evaluation (none if there is no file)."""
+    if not os.path.exists(metrics_path):
+        return set()
+    steps = set()
+    with open(metrics_path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn last line from a killed run
+            if "eval/episode_return" in record and "step" in record:
+                steps.add(int(record["step"]))
+    return steps
+
+
 def _step(line: str) -> Optional[int]:
     try:
         return int(json.loads(line)["step"])

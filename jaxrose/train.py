@@ -33,7 +33,7 @@ from jaxrose.nonfinite import NonFiniteError, NonFiniteGuard
 from jaxrose.plan import Plan
 from jaxrose.runtime import MAIN, executor_for
 from jaxrose.plotting import plot_learning_curve
-from jaxrose.run_folder import drop_metrics_after, resumes_in_place, set_aside_earlier_run
+from jaxrose.run_folder import drop_metrics_after, evaluated_steps, resumes_in_place, set_aside_earlier_run
 from jaxrose.sequential import RunState, SequentialExecutor
 
 __all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "reset_compile_cache", "train",
@@ -290,6 +290,17 @@ class _TrainingLoop:
                 if "metrics" in outputs:
                     self.emit(iteration + 1, _scalars(outputs["metrics"]))
 
+    def evaluation_lost(self, iteration: int) -> bool:
+        """A resumed run starts at `iteration`, a step on the evaluation schedule, and the metrics of the run
+        it resumes hold no evaluation of it: that run was killed (SIGKILL, a node lost, a stop past the wait)
+        with the evaluation in flight. The state is the checkpoint's and the key is the step's, so evaluating
+        it now logs what the killed run would have."""
+        run = self.run_config
+        if not run.resume or iteration == 0 or run.num_evals <= 1 or iteration % self.config.iterations_per_eval:
+            return False
+        metrics = os.path.join(os.path.abspath(run.resume), "metrics.jsonl")
+        return os.path.exists(metrics) and iteration * self.steps_per_iteration not in evaluated_steps(metrics)
+
     def record_evaluations_in_flight(self) -> None:
         """On a stop signal, after the checkpoint: the evaluation process's results for parameters already
         sent, waited for a bounded time (a resumed run starts after them and never redoes them)."""
@@ -322,12 +333,13 @@ class _TrainingLoop:
         if run.progress_bar and self.main:
             self.sinks.append(ProgressBar(config.num_iterations * self.steps_per_iteration,
                                           start_iteration * self.steps_per_iteration))
-        evaluate_first = start_iteration == 0 and run.num_evals > 1
+        # A resumed run's first evaluation: the one its checkpoint's step lost, if any; else none until its schedule.
+        evaluate_first = (start_iteration == 0 and run.num_evals > 1) or self.evaluation_lost(start_iteration)
         # The evaluation before training compiles beside the iteration's compile: in a thread (inline), or
         # in the evaluation process, which gets its parameters before this process compiles.
         evaluation_compile = self.compile_evaluation_ahead(state) if evaluate_first else None
         if evaluate_first and self.remote is not None:
-            self.start_evaluation(0, state)
+            self.start_evaluation(start_iteration, state)
         try:
             compile_seconds = self.executor.compile(state)
         finally:  # a compile error must not leave the thread inside XLA at exit (the process aborts)
@@ -335,7 +347,7 @@ class _TrainingLoop:
                 evaluation_compile.join()
         self.emit(start_iteration, {"perf/compile_seconds": compile_seconds})
         if evaluate_first and self.remote is None:
-            self.start_evaluation(0, state)
+            self.start_evaluation(start_iteration, state)
 
         iteration_seconds: list[float] = []
         start_times: list[float] = []

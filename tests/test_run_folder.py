@@ -98,3 +98,33 @@ def test_a_study_folder_keeps_an_earlier_studys_files_and_writes_whole_files(tmp
     write_atomically(str(tmp_path / "results.json"), '{"new": 2}')
     assert json.loads((tmp_path / "results.json").read_text()) == {"new": 2}
     assert not (tmp_path / "results.json.tmp").exists()
+
+
+@pytest.mark.parametrize("eval_mode", ["inline", "process"])
+def test_a_resume_evaluates_its_starting_step_only_where_the_killed_run_lost_that_evaluation(tiny_config, tmp_path,
+                                                                                            eval_mode):
+    folder = tmp_path / "run"
+
+    def run(iterations, resume):
+        config = replace(tiny_config, **{"run.out_dir": str(folder), "run.total_env_steps": 512 * iterations,
+                                         "run.num_evals": iterations // 2 + 1, "run.eval_mode": eval_mode,
+                                         **({"run.resume": str(folder)} if resume else {})})
+        assert config.iterations_per_eval == 2  # one schedule: an evaluation every 1024 steps
+        train(config)
+
+    def evaluations():
+        return [(r["step"], r["eval/episode_return"]) for r in _records(folder) if "eval/episode_return" in r]
+
+    run(4, resume=False)
+    run(6, resume=True)  # starts at step 2048, whose evaluation was logged: not evaluated again
+    assert [step for step, _ in evaluations()] == [0, 1024, 2048, 3072]
+    # What a run killed with its last evaluation in flight leaves: the checkpoint of step 3072, no evaluation of it.
+    (lost,) = [value for step, value in evaluations() if step == 3072]
+    text = (folder / "metrics.jsonl").read_text().splitlines()
+    (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in text
+                                                  if not ('"eval/episode_return"' in line and '"step": 3072' in line)))
+    assert [step for step, _ in evaluations()] == [0, 1024, 2048]
+    run(8, resume=True)
+    assert [step for step, _ in evaluations()] == [0, 1024, 2048, 3072, 4096]
+    # Same parameters (the checkpoint's), same key (the step's): the evaluation the killed run would have logged.
+    assert dict(evaluations())[3072] == lost
