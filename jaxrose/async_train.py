@@ -27,7 +27,7 @@ from jaxrose.async_mode import AsyncTrainer
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.callbacks import JsonlWriter, ProgressBar, TensorBoardWriter
 from jaxrose.config import TrainConfig
-from jaxrose.eval_worker import STOP_DRAIN_SECONDS, ProcessEvaluator
+from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.mps import prepare_clients
 from jaxrose.nonfinite import NonFinitePolicy
 from jaxrose.resources import ResourceManager, initial_allocation, quota_env
@@ -145,11 +145,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
             saver.wait()
         if termination.requested is not None:
             # The evaluations in flight, after the checkpoint is on disk: a resumed run starts past them.
-            record(evaluator.drain_within(STOP_DRAIN_SECONDS))
-            if evaluator.outstanding:
-                warnings.warn(f"Stopping: the evaluation of iteration(s) {sorted(evaluator.outstanding)} did not "
-                              f"finish within {STOP_DRAIN_SECONDS:.0f} s and is missing from the metrics.",
-                              stacklevel=2)
+            record(evaluator.drain_on_stop())
             saved = (f"checkpoint of update {last_checkpoint()} saved in {out_dir}, resume with --run.resume"
                      if saver is not None else "no checkpoint (outputs are off)")
             raise TerminatedError(f"{termination.requested} received; {saved}.",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Optional
 
 import jax
@@ -85,10 +86,10 @@ class ProcessEvaluator:
     def drain(self) -> list[tuple[int, dict]]:
         return [self._receive(self.timeout) for _ in range(len(self.outstanding))]
 
-    def drain_within(self, seconds: float) -> list[tuple[int, dict]]:
+    def drain_on_stop(self, seconds: float = STOP_DRAIN_SECONDS) -> list[tuple[int, dict]]:
         """The outstanding results that arrive within `seconds`, never raising: a run stopping on a signal
         records its evaluations in flight without outstaying a scheduler's grace period. What has not
-        arrived by then (or comes from a dead worker) stays in `outstanding`."""
+        arrived by then (or comes from a dead worker) stays in `outstanding` and is named in a warning."""
         deadline = time.monotonic() + seconds
         results = []
         while self.outstanding and (left := deadline - time.monotonic()) > 0:
@@ -96,6 +97,9 @@ class ProcessEvaluator:
                 results.append(self._receive(left))
             except WorkerError:
                 break
+        if self.outstanding:
+            warnings.warn(f"Stopping: the evaluation of iteration(s) {sorted(self.outstanding)} did not finish "
+                          f"within {seconds:.0f} s and is missing from the metrics.", stacklevel=3)
         return results
 
     def close(self) -> None:

@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 from typing import Iterable, Mapping, Optional
 
 import jax
@@ -26,7 +25,7 @@ from jaxrose.async_checkpoint import BackgroundSaver
 from jaxrose.checkpoint import Checkpointer
 from jaxrose.config import SEVERAL_PROCESSES, ConfigError, PPOConfig, RunConfig, TrainConfig
 from jaxrose.config import replace as replace_config
-from jaxrose.eval_worker import STOP_DRAIN_SECONDS, ProcessEvaluator
+from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.evaluation import evaluation_key, make_evaluate
 from jaxrose.mps import prepare_clients
 from jaxrose.nonfinite import NonFiniteError, NonFiniteGuard
@@ -306,11 +305,8 @@ class _TrainingLoop:
         sent, waited for a bounded time (a resumed run starts after them and never redoes them)."""
         if self.remote is None:
             return
-        for iteration, result in self.remote.drain_within(STOP_DRAIN_SECONDS):
+        for iteration, result in self.remote.drain_on_stop():
             self.record_evaluation(iteration, result)
-        if self.remote.outstanding:
-            warnings.warn(f"Stopping: the evaluation of iteration(s) {sorted(self.remote.outstanding)} did not "
-                          f"finish within {STOP_DRAIN_SECONDS:.0f} s and is missing from the metrics.", stacklevel=2)
 
     def save(self, iteration: int, state: RunState, wait: bool = False) -> None:
         if self.checkpointer is None:

@@ -424,7 +424,7 @@ def _tune_quotas(config, measure: Measure, plan: Plan, seconds: float, noise: fl
         return plan, seconds
     # Group processes doing equal shares of the rollout are each on the critical path: capping one alone only
     # slows the iteration, while equal caps on all of them can split the SMs without idle ones. Tried first.
-    groups = [p for p in (plan.spread_chunk.group_processes if plan.spread_chunk else ()) if p != MAIN]
+    groups = [p for p in plan.spread_chunk.group_processes if p in helpers] if plan.spread_chunk else []
     if len(groups) >= 2:
         for quota in sorted({q for q in (100 // len(groups), 50, 25) if q < 100}, reverse=True):
             candidate = plan
