@@ -35,6 +35,7 @@ def restore(checkpointer: Checkpointer, template: Snapshot, config) -> Snapshot:
     state comes back with the group count it was saved with (the resource manager may have changed
     it): orbax restores host arrays at their saved shapes."""
     snapshot = from_tree(checkpointer.restore(to_tree(template), config))
+    snapshot.evaluated = tuple(checkpointer.notes(snapshot.updates).get("evaluated_iterations", ()))
     snapshot.actors = [(_fit_empty_leaves(env_state), key) for env_state, key in snapshot.actors]
     return snapshot
 
@@ -59,21 +60,22 @@ class BackgroundSaver:
         self.saved: list[int] = []
 
     def __call__(self, snapshot: Snapshot) -> None:
-        self.submit(snapshot.updates, to_tree(snapshot))
+        self.submit(snapshot.updates, to_tree(snapshot),
+                    {"evaluated_iterations": list(snapshot.evaluated)} if snapshot.evaluated else None)
 
-    def submit(self, step: int, tree) -> None:
+    def submit(self, step: int, tree, notes: Optional[dict] = None) -> None:
         """Writes `tree` (host arrays: the caller may reuse its device buffers) as `step` in a
         thread, after the previous save has finished; training goes on meanwhile. A step the folder
         holds already is the same state (a run resumed in place that made no update since): skipped."""
         self.wait()
         if step == self.checkpointer.latest_step():
             return
-        self._thread = threading.Thread(target=self._save, args=(step, tree), name="checkpoint-writer", daemon=True)
+        self._thread = threading.Thread(target=self._save, args=(step, tree, notes), name="checkpoint-writer", daemon=True)
         self._thread.start()
 
-    def _save(self, step: int, tree) -> None:
+    def _save(self, step: int, tree, notes: Optional[dict]) -> None:
         try:
-            self.checkpointer.save(step, tree, self.config)
+            self.checkpointer.save(step, tree, self.config, notes)
             self.saved.append(step)
         except BaseException as error:  # raised in the training thread by `wait`
             self._error = error

@@ -116,12 +116,14 @@ class AsyncResult:
 class Snapshot:
     """A consistent cut of an asynchronous run (host arrays): the learner after `updates` updates
     and `env_steps` consumed env steps, and per actor the (env_state, key) its next unconsumed
-    rollout starts from."""
+    rollout starts from. `evaluated`: the iterations whose evaluation was given this learner (kept in
+    the checkpoint's notes, so a resumed run redoes one that a killed run lost)."""
 
     learner: object
     actors: list
     updates: int
     env_steps: int
+    evaluated: tuple = ()
 
 
 def _segments(unrolls: dict) -> int:
@@ -661,11 +663,12 @@ class AsyncTrainer:
             busy.append(time.perf_counter() - taken_at)
             waits.append(waited)
             step_updates.append(done - (start.updates if start else 0))
-            self._deliver(pending, on_snapshot)
             if on_update is not None:
                 for report in reports:
                     on_update(*report[:3], {**report[3], "groups_per_actor": list(self.groups),
                                             "skipped": len(skipped)})
+            # After `on_update`: what it did with this step's learner (an evaluation) goes into its snapshot.
+            self._deliver(pending, on_snapshot)
         wall = time.perf_counter() - start_time
         if on_snapshot is not None:
             if version not in pending:  # every actor's oldest unconsumed rollout starts from the state to save

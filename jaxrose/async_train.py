@@ -5,7 +5,8 @@ the consumed env steps pass another `iterations_per_eval` iterations' worth), so
 compare run for run. Checkpoints are snapshots (`AsyncTrainer`: no barrier, the actors report
 between rollouts) taken on the evaluation schedule, every `run.checkpoint_every` iterations' worth
 of env steps, and at the end, written in a background thread; `run.resume` continues from the
-newest. With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas, cores and
+newest; each notes the evaluations given its learner, so a run resumed after a kill redoes one it lost
+(`_lost_evaluations`). With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas, cores and
 (with `run.resources.group_levels`) the actors' batch sizes; `resources/actor<i>_groups` in the
 metrics is each actor's batch after every update. `run.on_nonfinite` is honoured as in the
 synchronous loop (see `jaxrose.async_mode`): a stop names the newest checkpoint, which never holds
@@ -31,7 +32,7 @@ from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.mps import prepare_clients
 from jaxrose.nonfinite import NonFinitePolicy
 from jaxrose.resources import ResourceManager, initial_allocation, quota_env
-from jaxrose.run_folder import drop_metrics_after, resumes_in_place, set_aside_earlier_run
+from jaxrose.run_folder import drop_metrics_after, evaluated_steps, resumes_in_place, set_aside_earlier_run
 
 
 def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, env=None):
@@ -84,6 +85,15 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
         for sink in sinks:
             sink(steps, metrics)
 
+    evaluated_at: dict[int, list[int]] = {}  # update -> the iterations whose evaluation got its learner
+
+    def save_snapshot(snapshot):
+        # The checkpoint notes the evaluations given its learner: a resumed run redoes one that was lost.
+        snapshot.evaluated = tuple(evaluated_at.get(snapshot.updates, ()))
+        for update in [u for u in evaluated_at if u <= snapshot.updates]:
+            del evaluated_at[update]
+        saver(snapshot)
+
     def record(results):
         for iteration, result in results:
             evaluations.append({"iteration": iteration, "env_steps": iteration * config.env_steps_per_iteration,
@@ -112,6 +122,8 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
         consumed0 = resumed.env_steps if resumed else 0
         if run.num_evals > 1 and resumed is None:
             evaluator.submit(0, trainer.executor.init(jax.random.PRNGKey(run.seed)).learner)
+        for iteration in _lost_evaluations(resumed, run.resume, config.env_steps_per_iteration):
+            evaluator.submit(iteration, resumed.learner)  # the killed run's parameters and key: its result
         last = {"time": time.perf_counter(), "next_eval": (consumed0 // eval_every + 1) * eval_every}
         next_save["steps"] = min((consumed0 // n + 1) * n for n in every)
 
@@ -127,6 +139,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
                          **({"train/skipped_updates": float(info["skipped"])} if nonfinite.skip else {})})
             while steps >= last["next_eval"]:
                 evaluator.submit(last["next_eval"] // config.env_steps_per_iteration, learner)
+                evaluated_at.setdefault(update, []).append(last["next_eval"] // config.env_steps_per_iteration)
                 last["next_eval"] += eval_every
             record(evaluator.finished())
 
@@ -137,7 +150,7 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
             # evaluation period in runs that saved nothing (BENCHMARKS.md, 2026-12-04).
             result = trainer.run(env_steps=budget, timeout=run.actor_timeout, on_update=on_update, start=resumed,
                                  snapshot_due=snapshot_due if saver is not None else None,
-                                 on_snapshot=saver, manager=manager, nonfinite=nonfinite,
+                                 on_snapshot=save_snapshot if saver is not None else None, manager=manager, nonfinite=nonfinite,
                                  should_stop=lambda: termination.requested is not None)
         finally:
             termination.restore()
@@ -187,3 +200,17 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
 
 def _mean(values) -> float:
     return float(np.mean(values)) if len(values) else float("nan")  # no update made (a finished run resumed)
+
+
+def _lost_evaluations(resumed, resume_folder, steps_per_iteration: int) -> list[int]:
+    """The evaluations given the restored checkpoint's learner that the resumed run's metrics lack: a
+    run killed (SIGKILL, a node lost, a stop past the wait) with them in flight. With
+    `grow_keeps='update_size'` an evaluation may fall on an update inside a learner step, whose
+    learner no checkpoint holds; such a loss is not redone."""
+    if resumed is None or not resumed.evaluated:
+        return []
+    metrics = os.path.join(os.path.abspath(resume_folder), "metrics.jsonl")
+    if not os.path.exists(metrics):
+        return []
+    logged = evaluated_steps(metrics)
+    return [iteration for iteration in resumed.evaluated if iteration * steps_per_iteration not in logged]

@@ -59,8 +59,10 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, step: int, state: Any, config) -> None:
-        meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(config), "layout": _layout(config)}
+    def save(self, step: int, state: Any, config, notes: Optional[dict] = None) -> None:
+        """`notes`: JSON facts about the step that are not state (read back with `notes`)."""
+        meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(config), "layout": _layout(config),
+                **({"notes": notes} if notes else {})}
         try:
             self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_flatten(state)),
                                                              meta=ocp.args.JsonSave(meta)), force=True)
@@ -160,6 +162,14 @@ class Checkpointer:
                                   f"{meta.get('format_version')}, this jaxrose reads {FORMAT_VERSION}.")
         _check_settings(meta, config, self.directory)
         return _unflatten(target, restored["state"])
+
+    def notes(self, step: int) -> dict:
+        """The notes saved with `step` (none for a step saved without, or by an older jaxrose)."""
+        try:
+            meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception:  # unreadable metadata: `restore` has reported it already
+            return {}
+        return meta.get("notes") or {}
 
     def _check_layout(self, step: int, config) -> None:
         """The state's tree depends on the mode (and the actor count), its shapes on the settings: say

@@ -1,5 +1,6 @@
 """Asynchronous-mode checkpoints: a snapshot written and restored continues the run exactly at lag 0."""
 
+import json
 import multiprocessing
 import shutil
 
@@ -48,20 +49,31 @@ def test_train_async_resumes_with_run_resume(tiny_config, tmp_path):
     from jaxrose import train
 
     config = replace(tiny_config, **{"run.mode": "async", "run.actors": 2, "run.max_policy_lag": 0,
-                                     "run.out_dir": str(tmp_path / "a"), "run.num_evals": 2,
+                                     "run.out_dir": str(tmp_path / "a"), "run.num_evals": 3,
                                      "run.checkpoint_every": 2})
     full = train(config)
+    assert [e["iteration"] for e in full.evaluations] == [0, 2, 4]  # updates 2 and 4 are iterations 2 and 4
     folder = tmp_path / "a" / "checkpoints"
     assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == [2, 4]
-    shutil.rmtree(folder / "4")  # as if the run had stopped after the checkpoint in the middle
+    # As if the run had been killed after the checkpoint in the middle, with the evaluation of its learner in
+    # flight: no later checkpoint, no logged evaluation of step 1024.
+    shutil.rmtree(folder / "4")
+    metrics = tmp_path / "a" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    lost = [json.loads(line) for line in lines if '"eval/episode_return"' in line and '"step": 1024' in line]
+    assert len(lost) == 1
+    metrics.write_text("".join(line for line in lines if json.loads(line) != lost[0]))
     resumed = train(replace(config, **{"run.resume": str(tmp_path / "a"), "run.out_dir": str(tmp_path / "b")}))
     assert resumed.async_result.updates == 2 and resumed.async_result.lags == [0] * 4
     _assert_same(full.state.learner, resumed.state.learner)
+    # The checkpoint's learner and the step's key: the evaluation the killed run would have logged, redone once.
+    assert [e["iteration"] for e in resumed.evaluations] == [2, 4]
+    assert resumed.evaluations[0]["eval/episode_return"] == lost[0]["eval/episode_return"]
     assert sorted(int(p.name) for p in (tmp_path / "b" / "checkpoints").iterdir() if p.name.isdigit()) == [4]
     # Resumed in place once finished (README: --run.resume runs/pm --run.out-dir runs/pm): nothing to do,
     # and its final snapshot is the step it restored (orbax refused to save it again before).
     again = train(replace(config, **{"run.resume": str(tmp_path / "b"), "run.out_dir": str(tmp_path / "b")}))
-    assert again.async_result.updates == 0  # updates this run made
+    assert again.async_result.updates == 0 and again.evaluations == []  # step 4's evaluation was logged
     _assert_same(full.state.learner, again.state.learner)
     assert not multiprocessing.active_children()
 
@@ -109,7 +121,7 @@ class SlowDiskCheckpointer:
     def latest_step(self):
         return self.saved[-1] if self.saved else None
 
-    def save(self, step, tree, config):
+    def save(self, step, tree, config, notes=None):
         import time
 
         time.sleep(0.5)

@@ -61,10 +61,10 @@ def test_training_writes_checkpoints_in_the_background(tmp_path, tiny_config, mo
 
     calls, original = [], Checkpointer.save
 
-    def slow_save(self, step, state, config):  # fault injection: a slow disk
+    def slow_save(self, step, state, config, notes=None):  # fault injection: a slow disk
         calls.append((step, threading.current_thread().name, time.perf_counter()))
         time.sleep(0.3)
-        original(self, step, state, config)
+        original(self, step, state, config, notes)
 
     monkeypatch.setattr(Checkpointer, "save", slow_save)
     config = replace(tiny_config, **{"run.out_dir": str(tmp_path), "run.checkpoint_every": 1,
