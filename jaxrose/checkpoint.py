@@ -165,18 +165,21 @@ class Checkpointer:
 
     def notes(self, step: int) -> dict:
         """The notes saved with `step` (none for a step saved without, or by an older jaxrose)."""
+        meta = self._saved_meta(step)
+        return (meta or {}).get("notes") or {}
+
+    def _saved_meta(self, step: int) -> Optional[dict]:
+        """The step's metadata alone; None where it cannot be read (the full restore reports that as damage)."""
         try:
-            meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        except Exception:  # unreadable metadata: `restore` has reported it already
-            return {}
-        return meta.get("notes") or {}
+            return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception:
+            return None
 
     def _check_layout(self, step: int, config) -> None:
         """The state's tree depends on the mode (and the actor count), its shapes on the settings: say
         which differ before orbax fails on a shape, which would read as a damaged step."""
-        try:
-            saved = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        except Exception:  # unreadable metadata: the full restore reports it as damage
+        saved = self._saved_meta(step)
+        if saved is None:
             return
         layout = saved.get("layout", {"mode": "sync"})
         if layout != _layout(config):

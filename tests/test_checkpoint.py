@@ -22,6 +22,14 @@ def test_round_trip_keeps_zero_size_and_nested_leaves(tmp_path, tiny_config):
     assert checkpointer.latest_step() == 3
 
 
+def test_notes_come_back_with_their_step_and_a_step_without_has_none(tmp_path, tiny_config):
+    checkpointer = Checkpointer(str(tmp_path), keep=3)
+    checkpointer.save(1, {"x": jnp.ones(2)}, tiny_config)  # as an older jaxrose wrote them
+    checkpointer.save(2, {"x": jnp.ones(2)}, tiny_config, {"evaluated_iterations": [2, 4]})
+    assert checkpointer.notes(1) == {} and checkpointer.notes(2) == {"evaluated_iterations": [2, 4]}
+    assert checkpointer.notes(7) == {}  # no such step: nothing to redo
+
+
 def test_keeps_only_the_newest(tmp_path, tiny_config):
     checkpointer = Checkpointer(str(tmp_path), keep=2)
     for step in (1, 2, 3):
