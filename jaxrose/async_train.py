@@ -32,7 +32,7 @@ from jaxrose.eval_worker import ProcessEvaluator
 from jaxrose.mps import prepare_clients
 from jaxrose.nonfinite import NonFinitePolicy
 from jaxrose.resources import ResourceManager, initial_allocation, quota_env
-from jaxrose.run_folder import drop_metrics_after, evaluated_steps, resumes_in_place, set_aside_earlier_run
+from jaxrose.run_folder import drop_metrics_after, resumes_in_place, set_aside_earlier_run, unlogged_evaluations
 
 
 def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, env=None):
@@ -203,14 +203,9 @@ def _mean(values) -> float:
 
 
 def _lost_evaluations(resumed, resume_folder, steps_per_iteration: int) -> list[int]:
-    """The evaluations given the restored checkpoint's learner that the resumed run's metrics lack: a
-    run killed (SIGKILL, a node lost, a stop past the wait) with them in flight. With
-    `grow_keeps='update_size'` an evaluation may fall on an update inside a learner step, whose
-    learner no checkpoint holds; such a loss is not redone."""
-    if resumed is None or not resumed.evaluated:
+    """The evaluations given the restored checkpoint's learner that the resumed run's metrics lack. With
+    `grow_keeps='update_size'` an evaluation may fall on an update inside a learner step, whose learner no
+    checkpoint holds; such a loss is not redone."""
+    if resumed is None:
         return []
-    metrics = os.path.join(os.path.abspath(resume_folder), "metrics.jsonl")
-    if not os.path.exists(metrics):
-        return []
-    logged = evaluated_steps(metrics)
-    return [iteration for iteration in resumed.evaluated if iteration * steps_per_iteration not in logged]
+    return unlogged_evaluations(resume_folder, resumed.evaluated, steps_per_iteration)

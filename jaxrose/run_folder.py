@@ -94,6 +94,16 @@ def evaluated_steps(metrics_path: str) -> set[int]:
     return steps
 
 
+def unlogged_evaluations(run_folder: str, iterations, steps_per_iteration: int) -> list[int]:
+    """Of `iterations` (whose evaluations a checkpoint's parameters were given), those the metrics in
+    `run_folder` hold no evaluation of: a run killed with them in flight. None without a metrics file."""
+    metrics = os.path.join(os.path.abspath(run_folder), "metrics.jsonl")
+    if not os.path.exists(metrics):
+        return []
+    logged = evaluated_steps(metrics)
+    return [iteration for iteration in iterations if iteration * steps_per_iteration not in logged]
+
+
 def _step(line: str) -> Optional[int]:
     try:
         return int(json.loads(line)["step"])

@@ -32,7 +32,7 @@ from jaxrose.nonfinite import NonFiniteError, NonFiniteGuard
 from jaxrose.plan import Plan
 from jaxrose.runtime import MAIN, executor_for
 from jaxrose.plotting import plot_learning_curve
-from jaxrose.run_folder import drop_metrics_after, evaluated_steps, resumes_in_place, set_aside_earlier_run
+from jaxrose.run_folder import drop_metrics_after, resumes_in_place, set_aside_earlier_run, unlogged_evaluations
 from jaxrose.sequential import RunState, SequentialExecutor
 
 __all__ = ["DeviceLostError", "NonFiniteError", "TerminatedError", "TrainResult", "reset_compile_cache", "train",
@@ -297,8 +297,7 @@ class _TrainingLoop:
         run = self.run_config
         if not run.resume or iteration == 0 or run.num_evals <= 1 or iteration % self.config.iterations_per_eval:
             return False
-        metrics = os.path.join(os.path.abspath(run.resume), "metrics.jsonl")
-        return os.path.exists(metrics) and iteration * self.steps_per_iteration not in evaluated_steps(metrics)
+        return bool(unlogged_evaluations(run.resume, [iteration], self.steps_per_iteration))
 
     def record_evaluations_in_flight(self) -> None:
         """On a stop signal, after the checkpoint: the evaluation process's results for parameters already
