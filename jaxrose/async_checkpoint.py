@@ -70,7 +70,8 @@ class BackgroundSaver:
         self.wait()
         if step == self.checkpointer.latest_step():
             return
-        self._thread = threading.Thread(target=self._save, args=(step, tree, notes), name="checkpoint-writer", daemon=True)
+        self._thread = threading.Thread(target=self._save, args=(step, tree, notes), name="checkpoint-writer",
+                                        daemon=True)
         self._thread.start()
 
     def _save(self, step: int, tree, notes: Optional[dict]) -> None:

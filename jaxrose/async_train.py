@@ -5,9 +5,9 @@ the consumed env steps pass another `iterations_per_eval` iterations' worth), so
 compare run for run. Checkpoints are snapshots (`AsyncTrainer`: no barrier, the actors report
 between rollouts) taken on the evaluation schedule, every `run.checkpoint_every` iterations' worth
 of env steps, and at the end, written in a background thread; `run.resume` continues from the
-newest; each notes the evaluations given its learner, so a run resumed after a kill redoes one it lost
-(`_lost_evaluations`). With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas, cores and
-(with `run.resources.group_levels`) the actors' batch sizes; `resources/actor<i>_groups` in the
+newest; each notes the evaluations given its learner, so a run resumed after a kill redoes one it
+lost. With `run.resources.manager='on'`, `jaxrose.resources` rebalances SM quotas, cores and (with
+`run.resources.group_levels`) the actors' batch sizes; `resources/actor<i>_groups` in the
 metrics is each actor's batch after every update. `run.on_nonfinite` is honoured as in the
 synchronous loop (see `jaxrose.async_mode`): a stop names the newest checkpoint, which never holds
 the bad state.
@@ -122,8 +122,12 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
         consumed0 = resumed.env_steps if resumed else 0
         if run.num_evals > 1 and resumed is None:
             evaluator.submit(0, trainer.executor.init(jax.random.PRNGKey(run.seed)).learner)
-        for iteration in _lost_evaluations(resumed, run.resume, config.env_steps_per_iteration):
-            evaluator.submit(iteration, resumed.learner)  # the killed run's parameters and key: its result
+        # Evaluations given the restored learner that a killed run never logged: the same parameters and key
+        # give its result. (With grow_keeps='update_size' an evaluation may fall on an update inside a learner
+        # step, whose learner no checkpoint holds; such a loss is not redone.)
+        lost = unlogged_evaluations(run.resume, resumed.evaluated, config.env_steps_per_iteration) if resumed else []
+        for iteration in lost:
+            evaluator.submit(iteration, resumed.learner)
         last = {"time": time.perf_counter(), "next_eval": (consumed0 // eval_every + 1) * eval_every}
         next_save["steps"] = min((consumed0 // n + 1) * n for n in every)
 
@@ -150,7 +154,8 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
             # evaluation period in runs that saved nothing (BENCHMARKS.md, 2026-12-04).
             result = trainer.run(env_steps=budget, timeout=run.actor_timeout, on_update=on_update, start=resumed,
                                  snapshot_due=snapshot_due if saver is not None else None,
-                                 on_snapshot=save_snapshot if saver is not None else None, manager=manager, nonfinite=nonfinite,
+                                 on_snapshot=save_snapshot if saver is not None else None, manager=manager,
+                                 nonfinite=nonfinite,
                                  should_stop=lambda: termination.requested is not None)
         finally:
             termination.restore()
@@ -201,11 +206,3 @@ def train_async(config: TrainConfig, callbacks=(), write_outputs: bool = True, e
 def _mean(values) -> float:
     return float(np.mean(values)) if len(values) else float("nan")  # no update made (a finished run resumed)
 
-
-def _lost_evaluations(resumed, resume_folder, steps_per_iteration: int) -> list[int]:
-    """The evaluations given the restored checkpoint's learner that the resumed run's metrics lack. With
-    `grow_keeps='update_size'` an evaluation may fall on an update inside a learner step, whose learner no
-    checkpoint holds; such a loss is not redone."""
-    if resumed is None:
-        return []
-    return unlogged_evaluations(resume_folder, resumed.evaluated, steps_per_iteration)

@@ -78,29 +78,21 @@ def drop_metrics_after(metrics_path: str, last_step: int) -> int:
     return len(lines) - len(kept)
 
 
-def evaluated_steps(metrics_path: str) -> set[int]:
-    """The env steps at which a run's metrics file logged an evaluation (none if there is no file)."""
-    if not os.path.exists(metrics_path):
-        return set()
-    steps = set()
-    with open(metrics_path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn last line from a killed run
-            if "eval/episode_return" in record and "step" in record:
-                steps.add(int(record["step"]))
-    return steps
-
-
 def unlogged_evaluations(run_folder: str, iterations, steps_per_iteration: int) -> list[int]:
     """Of `iterations` (whose evaluations a checkpoint's parameters were given), those the metrics in
     `run_folder` hold no evaluation of: a run killed with them in flight. None without a metrics file."""
     metrics = os.path.join(os.path.abspath(run_folder), "metrics.jsonl")
     if not os.path.exists(metrics):
         return []
-    logged = evaluated_steps(metrics)
+    logged = set()
+    with open(metrics) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn last line from a killed run
+            if "eval/episode_return" in record and "step" in record:
+                logged.add(int(record["step"]))
     return [iteration for iteration in iterations if iteration * steps_per_iteration not in logged]
 
 
